@@ -1,0 +1,151 @@
+# w4a16 - build, test, benchmark, install.
+#   make                 fat libw4a16.so / libw4a16.a (SASS for every arch in ARCHS, PTX for PTX_ARCH)
+#   make ARCHS=90        one architecture, for quick work
+#   make test            CPU tests, then GPU tests (skipped with a reason when no GPU is present)
+#   make bench           build and run the benchmark on the local GPU (the main job)
+#   make install PREFIX=/usr/local DESTDIR=
+#   make sass / make ptxas-report   inspect what was built
+
+# ---- the architecture list lives here and nowhere else
+ARCHS    ?= 80 86 89 90 100 120 121
+PTX_ARCH ?= 120
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))
+ifeq ($(CUDA_HOME),)
+CUDA_HOME := /usr/local/cuda
+endif
+NVCC     ?= $(CUDA_HOME)/bin/nvcc
+CC       ?= gcc
+CXX      ?= g++
+PREFIX   ?= /usr/local
+BUILD    ?= build
+PYTHON   ?= python3
+
+VERSION_MAJOR := $(shell sed -n 's/^\#define W4A16_VERSION_MAJOR \([0-9]*\)/\1/p' include/w4a16.h)
+VERSION_MINOR := $(shell sed -n 's/^\#define W4A16_VERSION_MINOR \([0-9]*\)/\1/p' include/w4a16.h)
+VERSION_PATCH := $(shell sed -n 's/^\#define W4A16_VERSION_PATCH \([0-9]*\)/\1/p' include/w4a16.h)
+VERSION  := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+SONAME   := libw4a16.so.$(VERSION_MAJOR)
+
+comma := ,
+empty :=
+space := $(empty) $(empty)
+SASS_LIST := $(subst $(space),$(comma),$(strip $(ARCHS)))
+GENCODE  := $(foreach a,$(ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+            $(if $(PTX_ARCH),-gencode arch=compute_$(PTX_ARCH)$(comma)code=compute_$(PTX_ARCH))
+
+CUDA_INC := -I$(CUDA_HOME)/include
+CUDA_LIB := -L$(CUDA_HOME)/lib64
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -Wno-format-truncation -fPIC -fvisibility=hidden $(CUDA_INC) -D_GNU_SOURCE
+CXXFLAGS ?= -O2 -g
+CXXFLAGS += -std=c++17 -Wall -fPIC $(CUDA_INC)
+NVFLAGS  ?= -O3 -lineinfo
+NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177
+
+LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c
+REF_C    := csrc/reference.c csrc/marlin_ref.c
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o \
+            $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o))
+REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
+KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h
+
+# rpath $ORIGIN: tests and the benchmark find libw4a16 and the cmocka / benchmark copies next to them,
+# so the build folder can travel to a GPU machine that lacks those packages.
+RPATH    := -Wl,-rpath,'$$ORIGIN'
+TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
+GPU_LIBS := $(CUDA_LIB) -lcublas -lcudart $(RPATH),-rpath,$(CUDA_HOME)/lib64
+
+.PHONY: all lib tests test test-cpu test-gpu bench bench-build install clean sass ptxas-report doctor
+all: lib $(BUILD)/w4a16-doctor
+lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
+
+$(BUILD)/csrc/%.o: csrc/%.c include/w4a16.h csrc/internal.h csrc/reference.h $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' -c $< -o $@
+
+$(BUILD)/kernels/convert.o: kernels/convert.cu $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# one GEMM source, compiled once per (dtype, layout) so make -j builds the four in parallel
+$(BUILD)/kernels/gemm_%.o: kernels/gemm_instance.cu $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -DW4A16_INST_DTYPE=$(word 1,$(subst _, ,$*)) -DW4A16_INST_LAYOUT=$(word 2,$(subst _, ,$*)) -c $< -o $@
+
+$(BUILD)/libw4a16.so: $(LIB_OBJ) csrc/exports.map
+	$(NVCC) -shared -cudart=static $(GENCODE) -o $(BUILD)/libw4a16.so.$(VERSION) $(LIB_OBJ) \
+	    -Xlinker --version-script=csrc/exports.map -Xlinker -soname=$(SONAME) -Xlinker --no-undefined -ldl -lpthread -lrt
+	ln -sf libw4a16.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+$(BUILD)/libw4a16.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libw4a16_ref.a: $(REF_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/w4a16.pc: w4a16.pc.in include/w4a16.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+$(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lm $(RPATH),-rpath,'$$ORIGIN/../lib'
+
+# ---- tests
+CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
+TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_gpu
+tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0
+
+$(BUILD)/libcmocka.so.0:
+	@test -n "$(CMOCKA_SO)" || { echo "cmocka not found: apt-get install libcmocka-dev"; exit 1; }
+	cp -L $(CMOCKA_SO) $@
+
+$(BUILD)/test_api: tests/test_api.c $(BUILD)/libw4a16.so
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(TEST_LIBS)
+
+$(BUILD)/test_reference: tests/test_reference.c tests/marlin_literal.h $(BUILD)/libw4a16_ref.a
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -lcmocka -lm $(RPATH)
+
+$(BUILD)/test_gpu: tests/test_gpu.c tests/gpu_util.h tests/cases.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
+
+# The README's test command. GPU tests skip, saying why, when no GPU is present.
+test: lib tests
+	$(BUILD)/test_api
+	$(BUILD)/test_reference
+	$(BUILD)/test_gpu
+
+# ---- benchmark (the main job)
+BENCH_SO := $(firstword $(wildcard /usr/lib/*/libbenchmark.so.1 /usr/lib/libbenchmark.so.1))
+$(BUILD)/libbenchmark.so.1:
+	@test -n "$(BENCH_SO)" || { echo "Google Benchmark not found: apt-get install libbenchmark-dev"; exit 1; }
+	cp -L $(BENCH_SO) $@
+
+$(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/libbenchmark.so.1
+	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
+
+bench-build: lib $(BUILD)/bench
+bench: bench-build
+	$(BUILD)/bench $(BENCH_ARGS)
+	-$(PYTHON) bench/plot $(BUILD)/bench_results.json $(BUILD)/bench_plot.png
+
+# ---- install
+install: lib $(BUILD)/w4a16-doctor
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/w4a16.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(BUILD)/libw4a16.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libw4a16.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libw4a16.so
+	install -m 644 $(BUILD)/libw4a16.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(BUILD)/w4a16.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 755 $(BUILD)/w4a16-doctor $(DESTDIR)$(PREFIX)/bin/
+
+# ---- inspection
+sass: $(BUILD)/libw4a16.so
+	$(CUDA_HOME)/bin/cuobjdump --list-elf $(BUILD)/libw4a16.so.$(VERSION)
+	$(CUDA_HOME)/bin/cuobjdump --list-ptx $(BUILD)/libw4a16.so.$(VERSION)
+ptxas-report:
+	$(NVCC) $(NVFLAGS) -Xptxas -v -DW4A16_INST_DTYPE=0 -DW4A16_INST_LAYOUT=0 -c kernels/gemm_instance.cu -o /dev/null
+
+clean:
+	rm -rf $(BUILD)

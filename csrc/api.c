@@ -1,0 +1,167 @@
+/* Public entry points: validate everything, pick the tile from the device's profile, then launch.
+ * Nothing here allocates or synchronises; a non-OK status means nothing was launched. */
+#include <cuda_runtime_api.h>
+#include "internal.h"
+
+/* K splits across blocks: only when the tiles alone leave SMs idle, at most 2 x SMs blocks in all (the
+ * workspace is sized for that), and every split keeps at least 2 k-tiles of 64. */
+static int choose_splits(const w4a16_gemm_config *cfg, int tiles, int num_kt, int sm_count) {
+    if (cfg->wk == 1 || tiles >= sm_count) return 1;
+    int s = (2 * sm_count) / tiles;
+    if (s > num_kt / 2) s = num_kt / 2;
+    if (s > 32) s = 32;
+    return s < 1 ? 1 : s;
+}
+
+static w4a16_status launch_status(int err, const char *op) {
+    if (err == cudaSuccess) return W4A16_OK;
+    return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
+                      cudaGetErrorString((cudaError_t)err));
+}
+
+static w4a16_status run_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
+                             const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
+                             size_t workspace_bytes, w4a16_stream_t stream, const char *op) {
+    int device;
+    const w4a16_device_state *st;
+    w4a16_status s = w4a16_current_device(&device, &st);
+    if (s != W4A16_OK) return s;
+    const w4a16_profile *p = st->profile;
+    const w4a16_tile_choice *tc = M <= p->small_max_m ? &p->small : M <= p->mid_max_m ? &p->mid : &p->large;
+    const w4a16_gemm_config *cfg = w4a16_config(tc->cfg);
+    const int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
+    const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
+    if (tiles_m > 2147483647 / tiles_n)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
+    const int tiles = tiles_m * tiles_n, num_kt = (K + W4A16_BK - 1) / W4A16_BK;
+
+    size_t need = w4a16_workspace_bytes_for(st->sm_count);
+    int splits = 1;
+    if (workspace_bytes > 0) {
+        if (workspace_bytes < need)
+            return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
+                              "w4a16_workspace_size() asks for on device %d", op, workspace_bytes, need, device);
+        splits = choose_splits(cfg, tiles, num_kt, st->sm_count);
+    }
+    w4a16_gemm_launch a = {0};
+    a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
+    a.M = M; a.N = N; a.K = K; a.G = G;
+    a.dtype = dtype;
+    a.layout = layout;
+    a.cfg = tc->cfg;
+    a.stages = tc->stages;
+    a.splits = splits;
+    a.smem_bytes = w4a16_cfg_smem_bytes(cfg, layout, tc->stages);
+    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
+    a.counters = workspace;
+    a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
+    a.stream = stream;
+    return launch_status(w4a16_launch_gemm(&a), op);
+}
+
+w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
+                            const void *bias, void *C, int M, int N, int K, int group_size, w4a16_dtype dtype,
+                            void *workspace, size_t workspace_bytes, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G;
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+        (s = w4a16_check_ptr(qweight, "qweight", 16, 1)) || (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
+        (s = w4a16_check_ptr(qzeros, "qzeros", 16, 1)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
+        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 32)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
+        return s;
+    return run_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, C, M, N, K, G, dtype, workspace,
+                    workspace_bytes, stream, "w4a16_awq_gemm");
+}
+
+w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
+                               const int32_t *marlin_zeros, const void *bias, void *C, int M, int N, int K,
+                               int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                               w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G;
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+        (s = w4a16_check_ptr(marlin_weight, "marlin_weight", 16, 1)) ||
+        (s = w4a16_check_ptr(marlin_scales, "marlin_scales", 16, 1)) ||
+        (s = w4a16_check_ptr(marlin_zeros, "marlin_zeros", 16, 0)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
+        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 128)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
+        return s;
+    return run_gemm(W4A16_LAYOUT_MARLIN, A, marlin_weight, marlin_scales, marlin_zeros, bias, C, M, N, K, G, dtype,
+                    workspace, workspace_bytes, stream, "w4a16_marlin_gemm");
+}
+
+w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W, int K,
+                                  int N, int group_size, w4a16_dtype dtype, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(qweight, "qweight", 16, 1)) ||
+        (s = w4a16_check_ptr(scales, "scales", 16, 1)) || (s = w4a16_check_ptr(qzeros, "qzeros", 16, 1)) ||
+        (s = w4a16_check_ptr(W, "W", 16, 1)) || (s = w4a16_check_gemm_shape(1, N, K, group_size, 1)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    return launch_status(w4a16_launch_awq_dequant(qweight, scales, qzeros, W, K, N, G, dtype, stream),
+                         "w4a16_awq_dequantize");
+}
+
+/* Shapes of the converters: N % 64, K % k_multiple, in != out. */
+static w4a16_status check_convert(const void *in, const void *out, int K, int N, int k_multiple) {
+    w4a16_status s;
+    if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
+    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
+    return w4a16_check_gemm_shape(1, N, K, -1, k_multiple);
+}
+
+w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int K, int N,
+                                     w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = check_convert(awq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    return launch_status(w4a16_launch_repack_awq(awq_qweight, marlin_weight, K, N, stream), "w4a16_marlin_repack_awq");
+}
+
+w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm, int32_t *marlin_weight,
+                                      int K, int N, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = check_convert(gptq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_check_ptr(perm, "perm", 4, 0)) ||
+        (s = w4a16_current_device(&device, &st)))
+        return s;
+    return launch_status(w4a16_launch_repack_gptq(gptq_qweight, perm, marlin_weight, K, N, stream),
+                         "w4a16_marlin_repack_gptq");
+}
+
+w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales, int K, int N, int group_size,
+                                         w4a16_dtype dtype, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_dtype(dtype)) || (s = check_convert(scales, marlin_scales, K, N, 16)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    return launch_status(w4a16_launch_permute_scales(scales, marlin_scales, K / G, N, G == K, stream),
+                         "w4a16_marlin_permute_scales");
+}
+
+w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int K, int N,
+                                          int group_size, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if ((s = check_convert(awq_qzeros, marlin_zeros, K, N, 16)) || (s = w4a16_check_group(K, group_size, &G)) ||
+        (s = w4a16_current_device(&device, &st)))
+        return s;
+    return launch_status(w4a16_launch_awq_zero_points(awq_qzeros, marlin_zeros, K / G, N, stream),
+                         "w4a16_marlin_awq_zero_points");
+}

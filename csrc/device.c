@@ -1,0 +1,342 @@
+/* Devices, drivers and architecture profiles.
+ *
+ * A profile is a small table (which compiled tile config, how many pipeline stages, per M regime) named after
+ * the architecture it was tuned for, with a fallback chain. Each device gets one profile on first use
+ * (thread-safe): its own, else the nearest of its family, walking the chain until the tiles fit the device's
+ * sharedMemPerBlockOptin; W4A16_PROFILE forces one, W4A16_LOG=1 prints the choice. Before any profile is
+ * accepted, one kernel image is loaded (cudaFuncGetAttributes) so a GPU this build cannot run is reported
+ * here, naming its compute capability and the compiled architectures, and never reached by a launch. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+#ifndef W4A16_SASS_ARCHS
+#define W4A16_SASS_ARCHS ""
+#endif
+#ifndef W4A16_PTX_ARCHS
+#define W4A16_PTX_ARCHS ""
+#endif
+
+/* ---------------------------------------------------------------- tables */
+static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
+#define W4A16_CFG_ROW_(id, name, MT, WM, WN, WK) {id, name, MT, WM, WN, WK},
+    W4A16_GEMM_CONFIGS(W4A16_CFG_ROW_)
+#undef W4A16_CFG_ROW_
+};
+
+/* name, arch, fallback, small_max_m, mid_max_m, {cfg, stages} for small / mid / large M.
+ * Shared memory per block (AWQ layout, the larger): cfg0 7.8 KB/stage, cfg1 14 KB/stage, cfg2 26.9 KB/stage.
+ * 99 KB parts (sm_86, sm_89, sm_120, sm_121) take 4 and 3 stages for the larger tiles; 163-227 KB parts 5 and 4. */
+static const w4a16_profile profiles[] = {
+    {"sm80", 80, NULL, 16, 64, {0, 6}, {1, 5}, {2, 4}},
+    {"sm86", 86, "sm80", 16, 64, {0, 6}, {1, 4}, {2, 3}},
+    {"sm89", 89, "sm86", 16, 64, {0, 6}, {1, 4}, {2, 3}},
+    {"sm90", 90, "sm80", 16, 64, {0, 6}, {1, 5}, {2, 4}},
+    {"sm100", 100, "sm90", 16, 64, {0, 6}, {1, 5}, {2, 4}},
+    {"sm120", 120, "sm89", 16, 64, {0, 6}, {1, 4}, {2, 3}},
+    {"sm121", 121, "sm120", 16, 64, {0, 6}, {1, 4}, {2, 3}},
+};
+enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
+
+static const char *const profile_names[NUM_PROFILES + 1] = {"sm80",  "sm86",  "sm89", "sm90",
+                                                            "sm100", "sm120", "sm121", NULL};
+
+const char *const *w4a16_profile_names(void) { return profile_names; }
+
+const w4a16_gemm_config *w4a16_config(int id) {
+    return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL;
+}
+
+const w4a16_profile *w4a16_find_profile(const char *name) {
+    for (int i = 0; i < NUM_PROFILES; i++)
+        if (name && strcmp(profiles[i].name, name) == 0) return &profiles[i];
+    return NULL;
+}
+
+static int choice_smem(const w4a16_tile_choice *c) {
+    const w4a16_gemm_config *cfg = w4a16_config(c->cfg);
+    int a = w4a16_cfg_smem_bytes(cfg, W4A16_LAYOUT_AWQ, c->stages);
+    int m = w4a16_cfg_smem_bytes(cfg, W4A16_LAYOUT_MARLIN, c->stages);
+    return a > m ? a : m;
+}
+
+int w4a16_profile_smem_bytes(const w4a16_profile *p) {
+    int s = choice_smem(&p->small), m = choice_smem(&p->mid), l = choice_smem(&p->large);
+    int r = s > m ? s : m;
+    return r > l ? r : l;
+}
+
+/* The device's own profile, else the nearest lower one of the same major version, else NULL. */
+static const w4a16_profile *native_profile(int arch) {
+    const w4a16_profile *best = NULL;
+    for (int i = 0; i < NUM_PROFILES; i++) {
+        const w4a16_profile *p = &profiles[i];
+        if (p->arch / 10 == arch / 10 && p->arch <= arch && (!best || p->arch > best->arch)) best = p;
+    }
+    if (!best && arch >= 130) best = w4a16_find_profile("sm120"); /* newer part: mma.sync, small smem assumed */
+    return best;
+}
+
+/* ---------------------------------------------------------------- compiled architectures */
+const char *w4a16_compiled_archs(void) {
+    static const char text[] = W4A16_SASS_ARCHS " ptx:" W4A16_PTX_ARCHS;
+    return text;
+}
+
+/* 1 when the fat binary holds SASS that runs on compute capability `arch` (same major, not newer). */
+static int has_native_sass(int arch) {
+    const char *s = W4A16_SASS_ARCHS;
+    while (*s) {
+        int a = atoi(s);
+        if (a / 10 == arch / 10 && a <= arch) return 1;
+        s = strchr(s, ',');
+        if (!s) break;
+        s++;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- driver */
+static w4a16_status check_driver(void) {
+    int drv = 0;
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0)
+        return w4a16_fail(W4A16_ERR_NO_DEVICE, "no NVIDIA driver found (libcuda.so.1 could not be loaded)");
+    if (drv < CUDART_VERSION)
+        return w4a16_fail(W4A16_ERR_DRIVER_TOO_OLD,
+                          "the NVIDIA driver supports CUDA %d.%d but this build of w4a16 needs CUDA %d.%d "
+                          "(driver >= 580 for CUDA 13): update the driver",
+                          drv / 1000, (drv % 1000) / 10, CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+    return W4A16_OK;
+}
+
+/* ---------------------------------------------------------------- per-device state */
+enum { MAX_DEVICES = 64 };
+static w4a16_device_state states[MAX_DEVICES];
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int log_enabled(void) {
+    const char *v = getenv("W4A16_LOG");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Accept `p` for the device if it fits; else walk its fallback chain. */
+static const w4a16_profile *fit_profile(const w4a16_profile *p, size_t smem_optin) {
+    while (p && (size_t)w4a16_profile_smem_bytes(p) > smem_optin) p = w4a16_find_profile(p->fallback);
+    return p;
+}
+
+/* Fill `st` for `device`, which must be the current device. Called with state_lock held. */
+static void init_state(int device, w4a16_device_state *st) {
+    memset(st, 0, sizeof *st);
+    st->ready = 1;
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
+        st->status = W4A16_ERR_CUDA;
+        snprintf(st->reason, sizeof st->reason, "cudaGetDeviceProperties(%d) failed: %s", device,
+                 cudaGetErrorString(e));
+        return;
+    }
+    int arch = prop.major * 10 + prop.minor;
+    st->sm_count = prop.multiProcessorCount;
+    st->smem_optin = prop.sharedMemPerBlockOptin;
+    if (arch < 80) {
+        st->status = W4A16_ERR_ARCH_UNSUPPORTED;
+        snprintf(st->reason, sizeof st->reason,
+                 "%s has compute capability %d.%d; w4a16 needs 8.0 or newer (compiled for %s)", prop.name,
+                 prop.major, prop.minor, w4a16_compiled_archs());
+        return;
+    }
+    int bin = 0;
+    e = (cudaError_t)w4a16_probe_gemm(0, W4A16_LAYOUT_AWQ, 0, &bin);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* the probe's error is not sticky; do not leave it for the caller */
+        st->status = W4A16_ERR_ARCH_UNSUPPORTED;
+        snprintf(st->reason, sizeof st->reason,
+                 "%s (compute capability %d.%d) cannot load w4a16's kernels: %s; this build holds SASS for "
+                 "%s",
+                 prop.name, prop.major, prop.minor, cudaGetErrorString(e), w4a16_compiled_archs());
+        return;
+    }
+    const char *forced = getenv("W4A16_PROFILE");
+    const w4a16_profile *p = NULL;
+    if (forced && *forced && strcmp(forced, "auto") != 0) {
+        p = w4a16_find_profile(forced);
+        if (!p || (size_t)w4a16_profile_smem_bytes(p) > st->smem_optin) {
+            if (p) {
+                st->status = W4A16_ERR_PROFILE_UNAVAILABLE;
+                snprintf(st->reason, sizeof st->reason,
+                         "W4A16_PROFILE=%s needs %d bytes of shared memory per block; %s allows %zu", forced,
+                         w4a16_profile_smem_bytes(p), prop.name, st->smem_optin);
+            } else {
+                st->status = W4A16_ERR_INVALID_VALUE;
+                snprintf(st->reason, sizeof st->reason,
+                         "W4A16_PROFILE=%s is not a profile name (sm80 sm86 sm89 sm90 sm100 sm120 sm121 auto)",
+                         forced);
+            }
+            return;
+        }
+    } else {
+        p = fit_profile(native_profile(arch), st->smem_optin);
+    }
+    if (!p) {
+        st->status = W4A16_ERR_ARCH_UNSUPPORTED;
+        snprintf(st->reason, sizeof st->reason, "no w4a16 profile fits %s (compute capability %d.%d, %zu bytes of "
+                 "shared memory per block)", prop.name, prop.major, prop.minor, st->smem_optin);
+        return;
+    }
+    st->profile = p;
+    st->status = W4A16_OK;
+    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s",
+             p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
+             prop.name, arch, st->sm_count, st->smem_optin / 1024,
+             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)");
+    if (log_enabled()) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
+}
+
+/* State of `device`, initialising it once; switches the current device temporarily when needed. */
+static const w4a16_device_state *device_state(int device) {
+    pthread_mutex_lock(&state_lock);
+    w4a16_device_state *st = &states[device];
+    if (!st->ready) {
+        int cur = -1;
+        cudaGetDevice(&cur);
+        if (cur != device) cudaSetDevice(device);
+        init_state(device, st);
+        if (cur != device && cur >= 0) cudaSetDevice(cur);
+    }
+    pthread_mutex_unlock(&state_lock);
+    return st;
+}
+
+static w4a16_status resolve_device(int *device) {
+    w4a16_status s = check_driver();
+    if (s != W4A16_OK) return s;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorInsufficientDriver)
+        return w4a16_fail(W4A16_ERR_DRIVER_TOO_OLD, "the NVIDIA driver is too old for this build (CUDA %d.%d)",
+                          CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return w4a16_fail(W4A16_ERR_NO_DEVICE, "no CUDA device is visible (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    }
+    if (*device < 0) {
+        e = cudaGetDevice(device);
+        if (e != cudaSuccess) return w4a16_fail(W4A16_ERR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+    }
+    if (*device >= count || *device >= MAX_DEVICES)
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "device=%d does not exist (%d visible)", *device, count);
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_current_device(int *device, const w4a16_device_state **state) {
+    *device = -1;
+    w4a16_status s = resolve_device(device);
+    if (s != W4A16_OK) return s;
+    const w4a16_device_state *st = device_state(*device);
+    if (st->status != W4A16_OK) return w4a16_fail(st->status, "%s", st->reason);
+    *state = st;
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info) {
+    w4a16_clear_error();
+    if (!info) return w4a16_fail(W4A16_ERR_NULL_POINTER, "info is NULL");
+    memset(info, 0, sizeof *info);
+    info->device = device;
+    info->runtime_version = CUDART_VERSION;
+    cudaDriverGetVersion(&info->driver_version);
+    if (device < 0) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "device=%d is negative", device);
+    w4a16_status s = resolve_device(&device);
+    if (s != W4A16_OK) {
+        info->status = s;
+        snprintf(info->reason, sizeof info->reason, "%s", w4a16_last_error_message());
+        return s;
+    }
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) return w4a16_fail(W4A16_ERR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    info->cc_major = prop.major;
+    info->cc_minor = prop.minor;
+    info->sm_count = prop.multiProcessorCount;
+    info->smem_per_block_optin = prop.sharedMemPerBlockOptin;
+    info->l2_bytes = (size_t)prop.l2CacheSize;
+    info->native_sass = has_native_sass(prop.major * 10 + prop.minor);
+    const w4a16_device_state *st = device_state(device);
+    info->status = st->status;
+    info->supported = st->status == W4A16_OK;
+    snprintf(info->reason, sizeof info->reason, "%s", st->reason);
+    if (st->profile) snprintf(info->profile, sizeof info->profile, "%s", st->profile->name);
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_force_profile(const char *name) {
+    w4a16_clear_error();
+    int automatic = !name || !*name || strcmp(name, "auto") == 0;
+    const w4a16_profile *p = automatic ? NULL : w4a16_find_profile(name);
+    if (!automatic && !p)
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE,
+                          "profile '%s' does not exist (sm80 sm86 sm89 sm90 sm100 sm120 sm121 auto)", name);
+    int device = -1;
+    const w4a16_device_state *st;
+    w4a16_status s = w4a16_current_device(&device, &st);
+    if (s != W4A16_OK) return s;
+    pthread_mutex_lock(&state_lock);
+    w4a16_device_state *w = &states[device];
+    if (automatic) {
+        struct cudaDeviceProp prop;
+        cudaGetDeviceProperties(&prop, device);
+        p = fit_profile(native_profile(prop.major * 10 + prop.minor), w->smem_optin);
+    } else if ((size_t)w4a16_profile_smem_bytes(p) > w->smem_optin) {
+        pthread_mutex_unlock(&state_lock);
+        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
+                          "profile %s needs %d bytes of shared memory per block; device %d allows %zu", name,
+                          w4a16_profile_smem_bytes(p), device, w->smem_optin);
+    }
+    if (p) w->profile = p;
+    if (log_enabled()) fprintf(stderr, "w4a16: device %d: profile %s%s\n", device, p ? p->name : "?",
+                               automatic ? " (automatic)" : " (forced)");
+    pthread_mutex_unlock(&state_lock);
+    return W4A16_OK;
+}
+
+/* ---------------------------------------------------------------- workspace
+ * Split-K is used only while (tiles x splits) <= 2 x SMs and only by the small and mid configs, so the
+ * counters need 2 x SMs ints and the partials 2 x SMs tiles of the largest such config. */
+static size_t max_split_tile_bytes(void) {
+    size_t best = 0;
+    for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
+        const w4a16_gemm_config *c = &configs[i];
+        if (c->wk == 1) continue; /* large-M configs never split */
+        size_t b = (size_t)w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+size_t w4a16_workspace_counters_bytes(int sm_count) {
+    size_t b = (size_t)2 * sm_count * sizeof(int);
+    return (b + 255) & ~(size_t)255;
+}
+
+size_t w4a16_workspace_bytes_for(int sm_count) {
+    return w4a16_workspace_counters_bytes(sm_count) + (size_t)2 * sm_count * max_split_tile_bytes();
+}
+
+w4a16_status w4a16_workspace_size(size_t *bytes) {
+    w4a16_clear_error();
+    if (!bytes) return w4a16_fail(W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    int device;
+    const w4a16_device_state *st;
+    w4a16_status s = w4a16_current_device(&device, &st);
+    if (s != W4A16_OK) return s;
+    *bytes = w4a16_workspace_bytes_for(st->sm_count);
+    return W4A16_OK;
+}

@@ -1,0 +1,59 @@
+/* Private declarations shared by the host-side C files of libw4a16. */
+#ifndef W4A16_INTERNAL_H
+#define W4A16_INTERNAL_H
+#include <stdarg.h>
+#include "../include/w4a16.h"
+#include "../kernels/configs.h"
+#include "../kernels/launch.h"
+
+#define W4A16_HIDDEN __attribute__((visibility("hidden")))
+
+/* Record `status` with a printf-style message on this thread and return it. */
+W4A16_HIDDEN w4a16_status w4a16_fail(w4a16_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+W4A16_HIDDEN void w4a16_clear_error(void);
+
+/* One tile choice of a profile: a compiled config and its pipeline depth. */
+typedef struct w4a16_tile_choice {
+    int cfg;
+    int stages;
+} w4a16_tile_choice;
+
+/* An architecture profile: data, not code (BLIS style). Choices are by M regime. */
+typedef struct w4a16_profile {
+    const char *name;       /* "sm90" */
+    int arch;               /* compute capability * 10 it was tuned for */
+    const char *fallback;   /* next profile in the chain, or NULL */
+    int small_max_m;        /* M <= this: `small` */
+    int mid_max_m;          /* M <= this: `mid`, else `large` */
+    w4a16_tile_choice small, mid, large;
+} w4a16_profile;
+
+W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
+W4A16_HIDDEN const w4a16_gemm_config *w4a16_config(int id);
+W4A16_HIDDEN int w4a16_profile_smem_bytes(const w4a16_profile *p);
+
+/* Per-device state, filled once (thread-safe) on first use. */
+typedef struct w4a16_device_state {
+    int ready;
+    w4a16_status status; /* why the device cannot be used, or W4A16_OK */
+    char reason[256];
+    int sm_count;
+    size_t smem_optin;
+    const w4a16_profile *profile;
+} w4a16_device_state;
+
+/* The state of the current device; on error the status is recorded with its message and returned. */
+W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_state **state);
+
+/* Workspace layout for a device: counters then partials. */
+W4A16_HIDDEN size_t w4a16_workspace_counters_bytes(int sm_count);
+W4A16_HIDDEN size_t w4a16_workspace_bytes_for(int sm_count);
+
+/* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
+W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);
+W4A16_HIDDEN w4a16_status w4a16_check_dtype(int dtype);
+W4A16_HIDDEN w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_multiple);
+W4A16_HIDDEN w4a16_status w4a16_check_group(int K, int group_size, int *resolved);
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * w4a16.h - int4 weight-only GEMM (fp16/bf16 activations x 4-bit weights with group scales).
+ *
+ * This is the whole public contract of libw4a16. Plain C99, usable from C++.
+ *
+ * Notation: a linear layer computes C[M,N] = A[M,K] * W[K,N] (+ bias[N]);
+ *   K = in_features, N = out_features, G = group size (-1 means one group of K rows).
+ * All matrices are row-major and dense (leading dimension = number of columns).
+ * Pointers marked "device" must point to GPU memory of the current device.
+ *
+ * Rules every entry point follows:
+ *  - Arguments are validated completely before anything is launched. On any non-OK status nothing
+ *    was launched and nothing was written; w4a16_last_error_message() names the failed check.
+ *  - Nothing is allocated and the device is never synchronised. Work is enqueued on the caller's
+ *    stream, so every launching call can be captured in a CUDA graph.
+ *  - The device used is the current device of the calling thread (cudaGetDevice()).
+ */
+#ifndef W4A16_H
+#define W4A16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define W4A16_API
+#else
+#define W4A16_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- version */
+#define W4A16_VERSION_MAJOR 0
+#define W4A16_VERSION_MINOR 1
+#define W4A16_VERSION_PATCH 0
+#define W4A16_VERSION_NUMBER \
+    (W4A16_VERSION_MAJOR * 10000 + W4A16_VERSION_MINOR * 100 + W4A16_VERSION_PATCH)
+
+/* The library's W4A16_VERSION_NUMBER; compare with the macro to detect a header/library mismatch. */
+W4A16_API unsigned w4a16_version_number(void);
+/* "MAJOR.MINOR.PATCH" of the library. */
+W4A16_API const char *w4a16_version_string(void);
+
+/* ---------------------------------------------------------------- status codes
+ * One list: values never change meaning; w4a16_status_string() returns the sentence.
+ * 1-19: the caller's arguments; 20-39: the GPU, driver or build; 40+: internal. */
+#define W4A16_STATUS_LIST(X)                                                                        \
+    X(W4A16_OK, 0, "success")                                                                       \
+    X(W4A16_ERR_NULL_POINTER, 1, "a required pointer is NULL")                                      \
+    X(W4A16_ERR_MISALIGNED, 2, "a pointer is not aligned as the operation requires")               \
+    X(W4A16_ERR_INVALID_SHAPE, 3, "a dimension is out of range or not a required multiple")        \
+    X(W4A16_ERR_UNSUPPORTED_GROUP_SIZE, 4, "group size must be 32, 64, 128 or -1 (one group)")     \
+    X(W4A16_ERR_UNSUPPORTED_DTYPE, 5, "data type must be W4A16_FP16 or W4A16_BF16")                \
+    X(W4A16_ERR_WORKSPACE_TOO_SMALL, 6, "the workspace is smaller than w4a16_workspace_size()")    \
+    X(W4A16_ERR_SIZE_OVERFLOW, 7, "a tensor size does not fit the supported index range")          \
+    X(W4A16_ERR_INVALID_VALUE, 8, "an argument has a value outside its allowed set")               \
+    X(W4A16_ERR_NO_DEVICE, 20, "no CUDA device is available")                                      \
+    X(W4A16_ERR_DRIVER_TOO_OLD, 21, "the NVIDIA driver is older than this build of w4a16 needs")   \
+    X(W4A16_ERR_ARCH_UNSUPPORTED, 22, "this GPU architecture cannot run any kernel in this build") \
+    X(W4A16_ERR_PROFILE_UNAVAILABLE, 23, "the requested profile does not fit this GPU")            \
+    X(W4A16_ERR_CUDA, 24, "a CUDA runtime call failed")                                            \
+    X(W4A16_ERR_LAUNCH_FAILED, 25, "a kernel launch failed")                                       \
+    X(W4A16_ERR_NOT_IMPLEMENTED, 26, "this combination of options is not implemented yet")         \
+    X(W4A16_ERR_INTERNAL, 40, "internal error in w4a16 (please report)")
+
+typedef enum w4a16_status {
+#define W4A16_STATUS_ENUM_(name, value, text) name = value,
+    W4A16_STATUS_LIST(W4A16_STATUS_ENUM_)
+#undef W4A16_STATUS_ENUM_
+} w4a16_status;
+
+/* The fixed sentence for a status; "unknown w4a16 status" for values outside the list. Never NULL. */
+W4A16_API const char *w4a16_status_string(w4a16_status status);
+
+/* The message of the last failed call on this thread, naming the check and its values
+ * (e.g. "K=4000 is not a multiple of group_size=128"); "" after a successful call. Never NULL.
+ * The pointer stays valid until the next w4a16 call on the same thread. */
+W4A16_API const char *w4a16_last_error_message(void);
+
+/* ---------------------------------------------------------------- types */
+typedef enum w4a16_dtype {
+    W4A16_FP16 = 0, /* IEEE half */
+    W4A16_BF16 = 1  /* bfloat16 */
+} w4a16_dtype;
+
+/* Same type as cudaStream_t (struct CUstream_st *); NULL is the legacy default stream. */
+typedef struct CUstream_st *w4a16_stream_t;
+
+/* ---------------------------------------------------------------- build and device introspection */
+
+/* Architectures with real machine code (SASS) in this library, e.g. "80,86,89,90,100,120,121",
+ * followed by " ptx:120" naming the PTX kept as last resort. Never NULL. */
+W4A16_API const char *w4a16_compiled_archs(void);
+
+typedef struct w4a16_device_info {
+    int device;                  /* CUDA ordinal */
+    char name[128];              /* e.g. "NVIDIA H100 80GB HBM3" */
+    int cc_major, cc_minor;      /* compute capability */
+    int sm_count;                /* multiprocessors */
+    size_t smem_per_block_optin; /* sharedMemPerBlockOptin in bytes (99 KB on sm_120, 227 KB on sm_90) */
+    size_t l2_bytes;             /* L2 cache size */
+    int driver_version;          /* cudaDriverGetVersion, e.g. 13000 */
+    int runtime_version;         /* the CUDA runtime w4a16 was built with, e.g. 13000 */
+    char profile[32];            /* tuning profile in use, e.g. "sm90"; "" when unsupported */
+    int native_sass;             /* 1: this build holds machine code for this GPU; 0: PTX JIT or none */
+    int supported;               /* 1: w4a16 can run on this device */
+    w4a16_status status;         /* why not, when supported == 0 */
+    char reason[256];            /* a sentence: what w4a16 will do on this device, or why it cannot */
+} w4a16_device_info;
+
+/* Fill *info for CUDA device `device`. Returns W4A16_OK whenever *info was filled, also for an
+ * unsupported device (then info->supported == 0 and info->status/reason say why);
+ * W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_VALUE (no such ordinal), W4A16_ERR_NO_DEVICE or
+ * W4A16_ERR_DRIVER_TOO_OLD when no device can be queried. */
+W4A16_API w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info);
+
+/* Force the tuning profile for the current device: "sm80", "sm86", "sm89", "sm90", "sm100", "sm120",
+ * "sm121", or NULL / "" / "auto" for automatic choice. The environment variable W4A16_PROFILE does
+ * the same at first use; W4A16_LOG=1 prints every choice on stderr.
+ * Returns W4A16_ERR_INVALID_VALUE for an unknown name, W4A16_ERR_PROFILE_UNAVAILABLE when the
+ * profile's tiles need more shared memory than the device has (the previous choice stays). */
+W4A16_API w4a16_status w4a16_force_profile(const char *name);
+
+/* Names of all profiles, NULL-terminated. */
+W4A16_API const char *const *w4a16_profile_names(void);
+
+/* ---------------------------------------------------------------- workspace
+ * The GEMMs split K across blocks at decode sizes and reduce through a caller-owned workspace:
+ * per-tile counters followed by fp32 partial sums. Size it once per device with this query, zero it
+ * once (cudaMemset) after allocating it, and pass it to every GEMM on that device: each call leaves
+ * the counters zeroed again, so one workspace serves a whole model and CUDA-graph replays.
+ * A workspace must not be used by two calls that run concurrently (use one per stream). */
+W4A16_API w4a16_status w4a16_workspace_size(size_t *bytes);
+
+/* ---------------------------------------------------------------- pure AWQ path
+ * Works on AutoAWQ "gemm" checkpoint tensors exactly as stored:
+ *   qweight int32 [K, N/8], qzeros int32 [K/G, N/8]: 8 nibbles per word along N, nibble i holds
+ *   column 8c + {0,2,4,6,1,3,5,7}[i]; scales [K/G, N] in dtype; W[k,n] = (q[k,n] - z[k/G,n]) * s[k/G,n].
+ *
+ * w4a16_awq_gemm: C[M,N] = A[M,K] * W (+ bias[N]); A, scales, bias, C in dtype; fp32 accumulation.
+ * Preconditions: M >= 1; N a multiple of 64; K a multiple of 32 and of G; G in {32, 64, 128, -1};
+ * A, C, qweight, scales 16-byte aligned, qzeros and bias 4-byte aligned; bias may be NULL;
+ * workspace of at least w4a16_workspace_size() bytes, zeroed once (see above); may be NULL only when
+ * workspace_bytes == 0 and then the call never splits K (slower at decode sizes).
+ * Returns W4A16_OK once the kernel is enqueued; argument statuses (1-19) and device statuses
+ * (20-39) as listed above; W4A16_ERR_LAUNCH_FAILED if the launch itself is rejected. */
+W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, const void *scales,
+                                      const int32_t *qzeros, const void *bias, void *C, int M, int N,
+                                      int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                      size_t workspace_bytes, w4a16_stream_t stream);
+
+/* w4a16_awq_dequantize: W[K,N] (dtype) = dequant(qweight, qzeros, scales).
+ * Same shape rules and alignment as w4a16_awq_gemm (W 16-byte aligned). */
+W4A16_API w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales,
+                                            const int32_t *qzeros, void *W, int K, int N,
+                                            int group_size, w4a16_dtype dtype,
+                                            w4a16_stream_t stream);
+
+/* ---------------------------------------------------------------- Marlin-layout path
+ * The public Marlin layout (IST-DASLab Marlin, vLLM gptq_marlin / awq_marlin):
+ *   weight int32 [K/16, 2N]; scales [K/G, N] permuted per row (chunks of 64 when grouped, of 32 when
+ *   G = -1 or G = K); zero points (AWQ only) int32 [K/G, N/8] in Marlin order.
+ * Converters run once at load time on the caller's stream; output equals vLLM's bit for bit.
+ * Preconditions for all converters: N a multiple of 64, K a multiple of 16 (and of 8 for GPTQ,
+ * of G for scales/zeros), 16-byte aligned tensors, in != out. */
+
+/* AWQ qweight [K, N/8] -> Marlin weight [K/16, 2N]. */
+W4A16_API w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight,
+                                               int K, int N, w4a16_stream_t stream);
+/* GPTQ qweight [K/8, N] (nibble i of row r holds k = 8r + i) -> Marlin weight [K/16, 2N].
+ * perm (device int32 [K], may be NULL): act-order row permutation; row k of the result is source
+ * row perm[k] (perm = argsort(g_idx)). */
+W4A16_API w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm,
+                                                int32_t *marlin_weight, int K, int N,
+                                                w4a16_stream_t stream);
+/* scales [K/G, N] -> Marlin order. */
+W4A16_API w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales, int K,
+                                                   int N, int group_size, w4a16_dtype dtype,
+                                                   w4a16_stream_t stream);
+/* AWQ qzeros [K/G, N/8] -> Marlin zero points [K/G, N/8]. */
+W4A16_API w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros,
+                                                    int32_t *marlin_zeros, int K, int N,
+                                                    int group_size, w4a16_stream_t stream);
+
+/* w4a16_marlin_gemm: C[M,N] = A[M,K] * dequant(marlin_weight, marlin_scales[, marlin_zeros]) (+ bias).
+ * marlin_zeros != NULL: weight type uint4 with zero points (AWQ): W = (q - z) * s.
+ * marlin_zeros == NULL: symmetric uint4b8 (GPTQ): W = (q - 8) * s.
+ * Preconditions: M >= 1; N a multiple of 64; K a multiple of 128 and of G; G in {32, 64, 128, -1};
+ * alignment and workspace as for w4a16_awq_gemm.
+ * Act-order GPTQ (g_idx) is not supported yet: see the README. */
+W4A16_API w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight,
+                                         const void *marlin_scales, const int32_t *marlin_zeros,
+                                         const void *bias, void *C, int M, int N, int K,
+                                         int group_size, w4a16_dtype dtype, void *workspace,
+                                         size_t workspace_bytes, w4a16_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* W4A16_H */

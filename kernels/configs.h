@@ -1,0 +1,54 @@
+/* Compiled GEMM tile configurations: one list, read by the kernels (template instances) and by the
+ * host (profiles, shared-memory sizing). Plain C so csrc/ can include it.
+ *
+ *   X(id, name, MT, WM, WN, WK)
+ *   MT  m16 tiles per warp          BM = 16 * MT * WM   rows of A per block
+ *   WM  warps along M               BN = 64 * WN        columns of C per block (each warp owns 64)
+ *   WN  warps along N               BK = 64             k per pipeline stage (WK warps split it)
+ *   WK  warps along K (reduced through shared memory at the end)
+ */
+#ifndef W4A16_KERNEL_CONFIGS_H
+#define W4A16_KERNEL_CONFIGS_H
+
+#define W4A16_GEMM_CONFIGS(X)                                                                  \
+    X(0, "m16n128k64", 1, 1, 2, 4)  /* decode: 8 warps, 4-way K split inside the block */      \
+    X(1, "m64n128k64", 4, 1, 2, 2)  /* medium M: 8 warps, 2-way K split */                     \
+    X(2, "m128n256k64", 4, 2, 4, 1) /* large M: 8 warps, 64x64 warp tiles */
+
+enum { W4A16_NUM_GEMM_CONFIGS = 3, W4A16_BK = 64 };
+
+/* Weight layouts the GEMM kernel reads. */
+enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
+
+typedef struct w4a16_gemm_config {
+    int id;
+    const char *name;
+    int mt, wm, wn, wk;
+} w4a16_gemm_config;
+
+static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
+static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }
+static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c->wm * c->wn * c->wk; }
+
+/* Bytes of one pipeline stage: A tile, weight tile, two rows of scales and of zero points. */
+static inline int w4a16_cfg_stage_bytes(const w4a16_gemm_config *c, int layout) {
+    int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c);
+    int a = bm * W4A16_BK * 2;
+    /* AWQ rows are padded by 4 words so the 4 row-loads of a fragment hit distinct banks. */
+    int b = layout == W4A16_LAYOUT_AWQ ? W4A16_BK * (bn / 8 + 4) * 4 : (W4A16_BK / 16) * (2 * bn) * 4;
+    int s = 2 * bn * 2;
+    int z = 2 * (bn / 8) * 4;
+    return a + b + s + z;
+}
+
+/* Bytes to reduce the K-split warps' accumulators at the end (reuses the pipeline buffer). */
+static inline int w4a16_cfg_reduce_bytes(const w4a16_gemm_config *c) {
+    return (c->wk - 1) * c->wm * c->wn * c->mt * 8 * 32 * 16;
+}
+
+static inline int w4a16_cfg_smem_bytes(const w4a16_gemm_config *c, int layout, int stages) {
+    int p = stages * w4a16_cfg_stage_bytes(c, layout), r = w4a16_cfg_reduce_bytes(c);
+    return p > r ? p : r;
+}
+
+#endif

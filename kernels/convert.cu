@@ -1,0 +1,178 @@
+// Element-wise kernels (AWQ dequantisation, load-time Marlin converters) and the C-callable dispatch into the
+// GEMM instances. The index maps here have plain-C twins in csrc/marlin_ref.c; tests compare them bit for bit.
+#include "common.cuh"
+#include "gemm.cuh"
+#include "launch.h"
+#include "marlin_index.h"
+
+namespace w4a16 {
+#define W4A16_DECL_(d, l)                                                                                   \
+    cudaError_t launch_gemm_##d##_##l(const GemmArgs &, int, int, int, cudaStream_t);                      \
+    cudaError_t probe_gemm_##d##_##l(int, cudaFuncAttributes *);
+W4A16_DECL_(0, 0)
+W4A16_DECL_(0, 1)
+W4A16_DECL_(1, 0)
+W4A16_DECL_(1, 1)
+#undef W4A16_DECL_
+
+// ---- AWQ dequantisation: one thread per packed word -> 8 adjacent outputs (one 16-byte store).
+template <typename T>
+__global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__restrict__ s,
+                                   const uint32_t *__restrict__ qz, T *__restrict__ W, int K, int N, int G) {
+    const int words = N / 8;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)K * words) return;
+    int k = (int)(idx / words), c = (int)(idx % words), g = k / G;
+    uint32_t w = qw[idx], z = qz[(size_t)g * words + c];
+    const T *srow = s + (size_t)g * N + 8 * c;
+    __align__(16) T out[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int col = awq_order(i);
+        float v = (float)((int)((w >> (4 * i)) & 0xF) - (int)((z >> (4 * i)) & 0xF)) * Dtype<T>::to_float(srow[col]);
+        out[col] = Dtype<T>::from_float(v);
+    }
+    *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = *reinterpret_cast<uint4 *>(out);
+}
+
+// ---- Marlin weight: one thread per output word; index maps in marlin_index.h.
+__global__ void repack_kernel(const uint32_t *__restrict__ in, const int32_t *__restrict__ perm,
+                              uint32_t *__restrict__ out, int K, int N, int is_gptq) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)(K / 16) * 2 * N) return;
+    int kt = (int)(idx / (2 * N)), w = (int)(idx % (2 * N));
+    uint32_t res = 0;
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        int k, n;
+        w4a16_marlin_source(kt, w, t, &k, &n);
+        uint32_t v;
+        if (is_gptq) {
+            int src = perm ? perm[k] : k;
+            v = (in[(size_t)(src / 8) * N + n] >> (4 * (src % 8))) & 0xF;
+        } else {
+            v = (in[(size_t)k * (N / 8) + n / 8] >> (4 * awq_reverse(n % 8))) & 0xF;
+        }
+        res |= v << (4 * t);
+    }
+    out[idx] = res;
+}
+
+// ---- scales and zero points: index maps in marlin_index.h.
+__global__ void permute_scales_kernel(const uint16_t *__restrict__ in, uint16_t *__restrict__ out, int rows, int N,
+                                      int channelwise) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)rows * N) return;
+    int g = (int)(idx / N), pos = (int)(idx % N);
+    out[idx] = in[(size_t)g * N + w4a16_marlin_scale_source(pos, channelwise)];
+}
+
+__global__ void awq_zero_points_kernel(const uint32_t *__restrict__ in, uint32_t *__restrict__ out, int rows, int N) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int words = N / 8;
+    if (idx >= (long long)rows * words) return;
+    int g = (int)(idx / words), w = (int)(idx % words);
+    uint32_t res = 0;
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        int col = w4a16_marlin_zero_source(w, t);
+        uint32_t v = (in[(size_t)g * words + col / 8] >> (4 * awq_reverse(col % 8))) & 0xF;
+        res |= v << (4 * t);
+    }
+    out[idx] = res;
+}
+
+static unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+} // namespace w4a16
+
+using namespace w4a16;
+
+extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
+    GemmArgs g;
+    g.A = a->A;
+    g.B = static_cast<const uint32_t *>(a->B);
+    g.scales = a->scales;
+    g.zeros = static_cast<const uint32_t *>(a->zeros);
+    g.bias = a->bias;
+    g.C = a->C;
+    g.M = a->M; g.N = a->N; g.K = a->K; g.G = a->G;
+    g.stages = a->stages;
+    g.counters = static_cast<int *>(a->counters);
+    g.partials = static_cast<float4 *>(a->partials);
+    g.marlin_channelwise = a->marlin_channelwise;
+    cudaStream_t s = static_cast<cudaStream_t>(a->stream);
+    switch (a->dtype * 2 + a->layout) {
+    case 0: return launch_gemm_0_0(g, a->cfg, a->splits, a->smem_bytes, s);
+    case 1: return launch_gemm_0_1(g, a->cfg, a->splits, a->smem_bytes, s);
+    case 2: return launch_gemm_1_0(g, a->cfg, a->splits, a->smem_bytes, s);
+    case 3: return launch_gemm_1_1(g, a->cfg, a->splits, a->smem_bytes, s);
+    }
+    return cudaErrorInvalidValue;
+}
+
+extern "C" int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaErrorInvalidValue;
+    switch (dtype * 2 + layout) {
+    case 0: e = probe_gemm_0_0(cfg, &attr); break;
+    case 1: e = probe_gemm_0_1(cfg, &attr); break;
+    case 2: e = probe_gemm_1_0(cfg, &attr); break;
+    case 3: e = probe_gemm_1_1(cfg, &attr); break;
+    }
+    if (e == cudaSuccess && binary_version) *binary_version = attr.binaryVersion;
+    return e;
+}
+
+extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
+                                        int K, int N, int G, int dtype, void *stream) {
+    long long n = (long long)K * (N / 8);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const uint32_t *qw = reinterpret_cast<const uint32_t *>(qweight), *qz = reinterpret_cast<const uint32_t *>(qzeros);
+    if (dtype == 0)
+        awq_dequant_kernel<__half><<<blocks_for(n, 256), 256, 0, s>>>(qw, static_cast<const __half *>(scales), qz,
+                                                                      static_cast<__half *>(W), K, N, G);
+    else
+        awq_dequant_kernel<__nv_bfloat16><<<blocks_for(n, 256), 256, 0, s>>>(
+            qw, static_cast<const __nv_bfloat16 *>(scales), qz, static_cast<__nv_bfloat16 *>(W), K, N, G);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream) {
+    long long n = (long long)(K / 16) * 2 * N;
+    repack_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        reinterpret_cast<const uint32_t *>(in), nullptr, reinterpret_cast<uint32_t *>(out), K, N, 0);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *perm, int32_t *out, int K, int N,
+                                        void *stream) {
+    long long n = (long long)(K / 16) * 2 * N;
+    repack_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        reinterpret_cast<const uint32_t *>(in), perm, reinterpret_cast<uint32_t *>(out), K, N, 1);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int channelwise, void *stream) {
+    long long n = (long long)rows * N;
+    permute_scales_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint16_t *>(in), static_cast<uint16_t *>(out), rows, N, channelwise);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *stream) {
+    long long n = (long long)rows * (N / 8);
+    awq_zero_points_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        reinterpret_cast<const uint32_t *>(in), reinterpret_cast<uint32_t *>(out), rows, N);
+    return cudaGetLastError();
+}
+
+#define W4A16_STR2_(x) #x
+#define W4A16_STR_(x) W4A16_STR2_(x)
+extern "C" const char *w4a16_kernel_arch_list(void) {
+#ifdef __CUDA_ARCH_LIST__
+    return W4A16_STR_(__CUDA_ARCH_LIST__);
+#else
+    return "";
+#endif
+}

@@ -1,0 +1,364 @@
+// w4a16 int4 dequant-GEMM: one kernel template for both weight layouts.
+//
+//   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
+//
+// Block tile BM x BN, BK = 64 per stage (configs.h). Warps: WM along M, WN along N (64 columns each), WK along
+// K (their partial sums are added through shared memory at the end). A multi-stage cp.async.cg pipeline
+// brings A, the packed weights, and the two scale / zero-point rows a stage can touch into shared memory;
+// one __syncthreads per stage. Each warp computes (16*MT) x 64 with mma.sync m16n8k16: A fragments by
+// ldmatrix.x4 from an XOR-swizzled tile, B fragments dequantised in registers with the magic-number trick.
+//
+// Weight layouts (the only layout-specific code is the B-fragment loader and the column map):
+//  * AWQ  (qweight [K, N/8], nibble i of word c = column 8c + ORDER[i]). Thread (q = lane%4, r = lane/4)
+//    owns, inside its warp's 64 columns, word r: the 8 columns 8r..8r+7. Its n8 block j is nibble j, so
+//    the 4 words of rows 2q, 2q+1, 2q+8, 2q+9 give the B fragments of all 8 blocks (4 LDS.32 per k16),
+//    and C slot n of block j is column 8n + ORDER[j]: each thread ends up holding 16 adjacent columns.
+//  * Marlin ([K/16, 2N], public IST-DASLab layout): lane i's 16-byte vector holds the fragments of the
+//    4 16x16 tiles of its 64 columns; n8 block m is column 8m + slot (plain).
+//
+// Split-K across blocks (gridDim.z > 1) writes fp32 partials to the workspace; the last block of a tile to
+// arrive (per-tile counter) adds them in split order (deterministic), writes C and resets the counter.
+//
+// Preconditions (checked on the host before launch): N % 64 == 0, K % 32 == 0, K % G == 0, G >= 32,
+// 16-byte aligned A, C, weights, scales, zeros; 4-byte aligned bias; splits <= number of k-tiles.
+#pragma once
+#include "common.cuh"
+#include "configs.h"
+
+namespace w4a16 {
+
+struct GemmArgs {
+    const void *A;       // [M, K]
+    const uint32_t *B;   // AWQ [K, N/8] or Marlin [K/16, 2N]
+    const void *scales;  // [K/G, N] (Marlin: permuted)
+    const uint32_t *zeros; // [K/G, N/8] or nullptr (symmetric, zero point 8)
+    const void *bias;    // [N] or nullptr
+    void *C;             // [M, N]
+    int M, N, K, G;      // G already resolved (G = K for channelwise)
+    int stages;
+    int *counters;       // workspace: per-tile arrival counters (zero between calls)
+    float4 *partials;    // workspace: split partial sums
+    int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
+};
+
+template <typename T, int LAYOUT, int MT, int WM, int WN, int WK>
+__global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmArgs p) {
+    using D = Dtype<T>;
+    constexpr int THREADS = 32 * WM * WN * WK;
+    constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = W4A16_BK;
+    constexpr int KS = (BK / 16) / WK;                 // k16 steps per warp per stage
+    constexpr int SB_AWQ = BN / 8 + 4;                 // padded words per AWQ smem row
+    constexpr int A_BYTES = BM * BK * 2;
+    constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB_AWQ * 4 : (BK / 16) * 2 * BN * 4;
+    constexpr int S_BYTES = 2 * BN * 2, Z_BYTES = 2 * (BN / 8) * 4;
+    constexpr int STAGE_BYTES = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    static_assert(KS * WK * 16 == BK, "WK must divide BK/16");
+
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = (warp / WM) % WN, wk = warp / (WM * WN);
+    const int q = lane & 3, r = lane >> 2;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int M = p.M, N = p.N, K = p.K, G = p.G;
+    const int num_kt = (K + BK - 1) / BK;
+    const int splits = gridDim.z, split = blockIdx.z;
+    const int kt_begin = (int)((long long)split * num_kt / splits);
+    const int kt_end = (int)((long long)(split + 1) * num_kt / splits);
+    const int nk = kt_end - kt_begin;
+    const int stages = p.stages;
+
+    const T *A = static_cast<const T *>(p.A);
+    const T *S = static_cast<const T *>(p.scales);
+
+    // ---- producer: one pipeline stage
+    auto load_stage = [&](int kt, int slot) {
+        unsigned char *st = smem + slot * STAGE_BYTES;
+        T *sA = reinterpret_cast<T *>(st);
+        uint32_t *sB = reinterpret_cast<uint32_t *>(st + A_BYTES);
+        T *sS = reinterpret_cast<T *>(st + A_BYTES + B_BYTES);
+        uint32_t *sZ = reinterpret_cast<uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES);
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int c = tid; c < BM * 8; c += THREADS) { // A: 8 chunks of 16 B per row, XOR-swizzled
+            int row = c >> 3, ch = c & 7, gr = m0 + row, gk = k0 + ch * 8;
+            bool ok = gr < M && gk < K;
+            const T *src = ok ? A + (size_t)gr * K + gk : A;
+            cp_async16(sA + row * BK + ((ch ^ (row & 7)) * 8), src, ok);
+        }
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            constexpr int CPR = BN / 32; // 16-byte chunks per row
+#pragma unroll
+            for (int c = tid; c < BK * CPR; c += THREADS) {
+                int row = c / CPR, ch = c % CPR, gk = k0 + row, col = n0 + ch * 32;
+                bool ok = gk < K && col < N;
+                const uint32_t *src = ok ? p.B + (size_t)gk * (N / 8) + col / 8 : p.B;
+                cp_async16(sB + row * SB_AWQ + ch * 4, src, ok);
+            }
+        } else {
+            constexpr int CPR = BN / 2; // 2*BN words per k16 row
+#pragma unroll
+            for (int c = tid; c < (BK / 16) * CPR; c += THREADS) {
+                int row = c / CPR, ch = c % CPR, gk16 = k0 / 16 + row, word = 2 * n0 + ch * 4;
+                bool ok = gk16 < K / 16 && word < 2 * N;
+                const uint32_t *src = ok ? p.B + (size_t)gk16 * (2 * N) + word : p.B;
+                cp_async16(sB + row * (2 * BN) + ch * 4, src, ok);
+            }
+        }
+        const int g_last = (K - 1) / G;
+        const int ga = k0 / G, gb = min((k0 + BK - 1) / G, g_last);
+        for (int c = tid; c < 2 * (BN / 8); c += THREADS) { // scales: 2 rows x BN/8 chunks
+            int slot2 = c / (BN / 8), ch = c % (BN / 8), col = n0 + ch * 8;
+            int g = slot2 ? gb : ga;
+            bool ok = col < N;
+            cp_async16(sS + slot2 * BN + ch * 8, ok ? S + (size_t)g * N + col : S, ok);
+        }
+        if (p.zeros) {
+            for (int c = tid; c < 2 * (BN / 32); c += THREADS) {
+                int slot2 = c / (BN / 32), ch = c % (BN / 32), col = n0 + ch * 32;
+                int g = slot2 ? gb : ga;
+                bool ok = col < N;
+                cp_async16(sZ + slot2 * (BN / 8) + ch * 4, ok ? p.zeros + (size_t)g * (N / 8) + col / 8 : p.zeros,
+                           ok);
+            }
+        }
+    };
+
+    float acc[MT][8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    GroupConst<T> gc[8];
+    int cur_group = -1;
+
+    // ---- consumer: per-group constants of this thread's 8 n8 blocks
+    auto load_group = [&](const unsigned char *st, int slot2) {
+        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + slot2 * BN + wn * 64;
+        const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
+                             slot2 * (BN / 8) + wn * 8;
+        T s[8];
+        if (LAYOUT == W4A16_LAYOUT_MARLIN && p.marlin_channelwise) {
+            // scale_perm_single: within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+#pragma unroll
+            for (int m = 0; m < 8; m++) s[m] = sS[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)];
+        } else {
+            // AWQ: block j <-> column 8r + ORDER[j]; Marlin grouped: position 8r + m holds column r + 8m.
+            uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+            const T *pv = reinterpret_cast<const T *>(&v);
+#pragma unroll
+            for (int m = 0; m < 8; m++) s[m] = pv[LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m];
+        }
+        uint32_t zw = p.zeros ? sZ[r] : 0u;
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            int z = 8; // uint4b8
+            if (p.zeros) z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
+            gc[m] = make_group_const<T>(s[m], z);
+        }
+    };
+
+    // ---- main loop
+    for (int s = 0; s < stages - 1; s++) {
+        if (s < nk) load_stage(kt_begin + s, s);
+        cp_async_commit();
+    }
+    for (int i = 0; i < nk; i++) {
+        cp_async_wait_dyn(stages - 2);
+        __syncthreads();
+        {
+            int pf = i + stages - 1;
+            if (pf < nk) load_stage(kt_begin + pf, pf % stages);
+            cp_async_commit();
+        }
+        const unsigned char *st = smem + (i % stages) * STAGE_BYTES;
+        const T *sA = reinterpret_cast<const T *>(st);
+        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
+        const int k0 = (kt_begin + i) * BK;
+        const int ga = k0 / G;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int kk = ks * WK + wk;
+            const int kabs = k0 + kk * 16;
+            if (kabs >= K) break; // K tail: warp-uniform
+            const int g = kabs / G;
+            if (g != cur_group) {
+                load_group(st, g - ga);
+                cur_group = g;
+            }
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int row = wm * MT * 16 + mt * 16 + (lane & 15);
+                int ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(a[mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
+            }
+            uint32_t b[8][2];
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
+                uint32_t w0 = rowp[0], w1 = rowp[SB_AWQ], w8 = rowp[8 * SB_AWQ], w9 = rowp[9 * SB_AWQ];
+                uint32_t lo01 = prmt(w0, w1, 0x5410), hi01 = prmt(w0, w1, 0x7632);
+                uint32_t lo89 = prmt(w8, w9, 0x5410), hi89 = prmt(w8, w9, 0x7632);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
+                    uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
+                    if (j % 2 == 0) {
+                        b[j][0] = dq_lo<T>(x0, gc[j]);
+                        b[j][1] = dq_lo<T>(x8, gc[j]);
+                    } else {
+                        b[j][0] = dq_hi<T>(x0, gc[j]);
+                        b[j][1] = dq_hi<T>(x8, gc[j]);
+                    }
+                }
+            } else {
+                uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
+                uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    b[2 * t][0] = dq_lo<T>(w[t], gc[2 * t]);
+                    b[2 * t][1] = dq_hi<T>(w[t], gc[2 * t]);
+                    b[2 * t + 1][0] = dq_lo<T>(w[t] >> 8, gc[2 * t + 1]);
+                    b[2 * t + 1][1] = dq_hi<T>(w[t] >> 8, gc[2 * t + 1]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], a[mt], b[j]);
+        }
+    }
+    cp_async_wait_all();
+
+    // ---- K-split warps: add partial sums through shared memory
+    const int warp_mn = warp % (WM * WN);
+    if constexpr (WK > 1) {
+        __syncthreads(); // every warp is done reading the pipeline buffers
+        float4 *red = reinterpret_cast<float4 *>(smem);
+        if (wk > 0) {
+            float4 *dst = red + ((wk - 1) * (WM * WN) + warp_mn) * (MT * 8 * 32);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    dst[(mt * 8 + j) * 32 + lane] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        }
+        __syncthreads();
+        if (wk > 0) return;
+        for (int w = 1; w < WK; w++) {
+            const float4 *src = red + ((w - 1) * (WM * WN) + warp_mn) * (MT * 8 * 32);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float4 v = src[(mt * 8 + j) * 32 + lane];
+                    acc[mt][j][0] += v.x; acc[mt][j][1] += v.y; acc[mt][j][2] += v.z; acc[mt][j][3] += v.w;
+                }
+        }
+    }
+    // From here only the WM*WN warps with wk == 0 remain.
+    constexpr int EPI_THREADS = 32 * WM * WN;
+    const int row_base = m0 + wm * MT * 16;
+
+    // ---- split-K across blocks: partials to the workspace, the last arriving block reduces
+    if (splits > 1) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        constexpr int TILE_F4 = WM * WN * MT * 8 * 32;
+        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + warp_mn * (MT * 8 * 32);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (row_base + mt * 16 >= M) break;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                __stcg(mine + (mt * 8 + j) * 32 + lane,
+                       make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+        }
+        __threadfence();
+        __shared__ int s_last;
+        asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); // only the epilogue warps take part
+        if (tid == 0) {
+            int prev = atomicAdd(p.counters + tile, 1);
+            s_last = prev == splits - 1;
+            if (s_last) p.counters[tile] = 0; // every split has arrived: leave the workspace zeroed
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS));
+        if (!s_last) return;
+        __threadfence();
+        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + warp_mn * (MT * 8 * 32);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (row_base + mt * 16 >= M) break;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int s = 0; s < splits; s++) { // fixed order: deterministic
+                    float4 v = __ldcg(all + (size_t)s * TILE_F4 + (mt * 8 + j) * 32 + lane);
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;
+            }
+        }
+    }
+
+    // ---- store C (+ bias)
+    T *C = static_cast<T *>(p.C);
+    const T *bias = static_cast<const T *>(p.bias);
+    const int col_base = n0 + wn * 64;
+    if (col_base >= N) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
+            const int row = row_base + mt * 16 + r + 8 * h;
+            if (row >= M) continue;
+            T *crow = C + (size_t)row * N + col_base;
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]
+                __align__(16) T out[16];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int c = 16 * q + 8 * e + awq_order(j);
+                        float v = acc[mt][j][2 * h + e];
+                        if (bias) v += D::to_float(bias[col_base + c]);
+                        out[8 * e + awq_order(j)] = D::from_float(v);
+                    }
+                }
+                reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
+                reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int c = 8 * j + 2 * q;
+                    float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
+                    if (bias) {
+                        v0 += D::to_float(bias[col_base + c]);
+                        v1 += D::to_float(bias[col_base + c + 1]);
+                    }
+                    typename D::T2 o;
+                    o.x = D::from_float(v0);
+                    o.y = D::from_float(v1);
+                    *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+                }
+            }
+        }
+    }
+}
+
+// Host-side launch of one instance; returns the CUDA error of the launch (no synchronisation).
+template <typename T, int LAYOUT, int MT, int WM, int WN, int WK>
+cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
+    constexpr int BM = 16 * MT * WM, BN = 64 * WN;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WM, WN, WK>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return e;
+    dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);
+    kern<<<grid, 32 * WM * WN * WK, smem_bytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace w4a16

@@ -1,0 +1,43 @@
+/* The interface between the host library (csrc/, plain C) and the CUDA kernels (kernels/).
+ * Every function here enqueues work on `stream` and returns the cudaError_t of the launch as an int;
+ * arguments were fully validated by csrc/ before any of these is called. */
+#ifndef W4A16_KERNEL_LAUNCH_H
+#define W4A16_KERNEL_LAUNCH_H
+#include <stddef.h>
+#include <stdint.h>
+#include "configs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct w4a16_gemm_launch {
+    const void *A, *B, *scales, *zeros, *bias;
+    void *C;
+    int M, N, K, G;          /* G resolved: K for channelwise */
+    int dtype, layout;       /* w4a16_dtype, W4A16_LAYOUT_* */
+    int cfg, stages, splits; /* tile config id, pipeline depth, K splits across blocks */
+    int smem_bytes;
+    int marlin_channelwise;
+    void *counters, *partials; /* workspace parts; unused when splits == 1 */
+    void *stream;
+} w4a16_gemm_launch;
+
+int w4a16_launch_gemm(const w4a16_gemm_launch *a);
+/* cudaFuncGetAttributes on one GEMM instance: loads its image, so it tells whether this GPU can run it. */
+int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version);
+
+int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
+                             int K, int N, int G, int dtype, void *stream);
+int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream);
+int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *perm, int32_t *out, int K, int N, void *stream);
+int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int channelwise, void *stream);
+int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *stream);
+
+/* The __CUDA_ARCH_LIST__ this translation unit was compiled with, e.g. "800,860,...,1210". */
+const char *w4a16_kernel_arch_list(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
