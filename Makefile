@@ -54,7 +54,8 @@ KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch
 # so the build folder can travel to a GPU machine that lacks those packages.
 RPATH    := -Wl,-rpath,'$$ORIGIN'
 TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
-GPU_LIBS := $(CUDA_LIB) -lcublas -lcudart $(RPATH),-rpath,$(CUDA_HOME)/lib64
+CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
+GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
 
 .PHONY: all lib tests test test-cpu test-gpu bench bench-build install clean sass ptxas-report doctor
 all: lib $(BUILD)/w4a16-doctor
@@ -89,7 +90,7 @@ $(BUILD)/w4a16.pc: w4a16.pc.in include/w4a16.h
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
 
 $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
-	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lm $(RPATH),-rpath,'$$ORIGIN/../lib'
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 $(CUDART_STATIC) -lm $(RPATH),-rpath,'$$ORIGIN/../lib'
 
 # ---- tests
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))

@@ -1,0 +1,450 @@
+/* GPU tests: both GEMM paths and every converter against cuBLAS (fp32 accumulation, fp32 output) on the
+ * dequantised weight, and against the CPU reference on small shapes. Fresh random inputs every run (the seed
+ * is printed); outputs are poisoned with NaN before each launch and every element must be written; the
+ * workspace counters must be zero after every call. Without a usable GPU every test is skipped, saying why. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "cases.h"
+#include "gpu_util.h"
+
+static uint64_t seed;
+static char skip_reason[512];
+static int have_gpu;
+static cublasHandle_t blas;
+static void *workspace;
+static size_t workspace_bytes;
+static int sm_count;
+
+enum { PATH_AWQ = 0, PATH_MARLIN = 1 };
+static const char *path_name[] = {"awq", "marlin"};
+
+static double tolerance(w4a16_dtype dt) { return dt == W4A16_BF16 ? 2e-2 : 1e-2; }
+
+#define REQUIRE_GPU()                                    \
+    do {                                                 \
+        if (!have_gpu) {                                 \
+            printf("  SKIPPED: %s\n", skip_reason);      \
+            skip();                                      \
+        }                                                \
+    } while (0)
+
+typedef struct stats {
+    double worst;
+    int cases;
+    char worst_case[160];
+} stats;
+
+static void stats_print(const char *what, const stats *s) {
+    printf("  %s: %d cases, worst relative error %.2e (%s)\n", what, s->cases, s->worst, s->worst_case);
+}
+
+/* One GEMM through `path`, checked against cuBLAS on the dense weight. Returns the relative error. */
+static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int use_ws, stats *st) {
+    const int K = L->K, N = L->N;
+    const w4a16_dtype dt = L->dt;
+    size_t nA = (size_t)M * K, nC = (size_t)M * N;
+    uint16_t *hA = malloc(nA * 2), *hC = malloc(nC * 2), *hbias = malloc((size_t)N * 2);
+    float *href = malloc(nC * 4);
+    fill_random_half(hA, nA, -1.f, 1.f, dt, &seed);
+    fill_random_half(hbias, N, -1.f, 1.f, dt, &seed);
+    void *A = gpu_upload(hA, nA * 2), *bias = with_bias ? gpu_upload(hbias, (size_t)N * 2) : NULL;
+    void *C = gpu_alloc(nC * 2);
+    float *ref = gpu_alloc(nC * 4);
+    GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
+    cublas_gemm(blas, A, L->dense, ref, M, N, K, dt, CUDA_R_32F);
+    w4a16_status s;
+    if (path == PATH_AWQ)
+        s = w4a16_awq_gemm(A, L->qweight, L->scales, L->qzeros, bias, C, M, N, K, L->G, dt, use_ws ? workspace : NULL,
+                           use_ws ? workspace_bytes : 0, NULL);
+    else
+        s = w4a16_marlin_gemm(A, L->mweight, L->mscales, L->mzeros, bias, C, M, N, K, L->G, dt,
+                              use_ws ? workspace : NULL, use_ws ? workspace_bytes : 0, NULL);
+    if (s != W4A16_OK) fail_msg("%s M=%d K=%d N=%d: %s: %s", path_name[path], M, K, N, w4a16_status_string(s),
+                                w4a16_last_error_message());
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(hC, C, nC * 2, cudaMemcpyDeviceToHost));
+    GPU_CHECK(cudaMemcpy(href, ref, nC * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    size_t unwritten = 0;
+    for (size_t i = 0; i < nC; i++) {
+        double r = href[i] + (with_bias ? w4a16_ref_to_float(hbias[i % N], dt) : 0.f);
+        float c = w4a16_ref_to_float(hC[i], dt);
+        if (isnan(c)) unwritten++;
+        num += (c - r) * (c - r);
+        den += r * r;
+    }
+    double err = unwritten ? INFINITY : sqrt(num / den);
+    if (use_ws) { /* the counters at the start of the workspace are zero again */
+        int *cnt = malloc((size_t)2 * sm_count * sizeof(int));
+        GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)2 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 2 * sm_count; i++)
+            if (cnt[i]) fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
+        free(cnt);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s %s M=%d K=%d N=%d G=%d%s%s", path_name[path], dt == W4A16_BF16 ? "bf16" : "fp16",
+             M, K, N, L->G, L->gptq ? " gptq" : "", with_bias ? " +bias" : "");
+    if (unwritten) fail_msg("%s: %zu of %zu outputs not written (still NaN)", label, unwritten, nC);
+    if (!(err < tolerance(dt))) fail_msg("%s: relative error %.3e >= %.0e", label, err, tolerance(dt));
+    if (st) {
+        st->cases++;
+        if (err >= st->worst) {
+            st->worst = err;
+            snprintf(st->worst_case, sizeof st->worst_case, "%s", label);
+        }
+    }
+    cudaFree(A); cudaFree(bias); cudaFree(C); cudaFree(ref);
+    free(hA); free(hC); free(hbias); free(href);
+    return err;
+}
+
+static const w4a16_dtype dtypes[] = {W4A16_FP16, W4A16_BF16};
+static const int groups[] = {32, 64, 128, -1};
+
+/* The full M list on small odd shapes and one real shape, every G, both dtypes, both paths. */
+static void test_gemm_m_sweep(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int shapes[][2] = {{128, 64}, {384, 192}, {4096, 4096}};
+    stats st = {0};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++)
+            for (int g = 0; g < 4; g++) {
+                int K = shapes[s][0], N = shapes[s][1], G = groups[g];
+                if (G > 0 && K % G) continue;
+                gpu_layer L;
+                gpu_layer_make(&L, K, N, G, dtypes[d], 0, 1, &seed);
+                for (int m = 0; m < W4A16_NUM_TEST_M; m++) {
+                    int M = w4a16_test_m[m];
+                    if (K * (size_t)N >= 4096u * 4096 && G != 128 && M > 256 && M != 1024) continue; /* keep it short */
+                    check_gemm(PATH_AWQ, &L, M, 0, 1, &st);
+                    check_gemm(PATH_MARLIN, &L, M, 0, 1, &st);
+                }
+                gpu_layer_free(&L);
+            }
+    stats_print("M sweep", &st);
+}
+
+/* Every real layer shape of targets.md (and the TP shards), both paths, G = 128. */
+static void test_gemm_real_layers(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int ms[] = {1, 16, 64, 256, 1024};
+    stats st = {0};
+    for (int i = 0; i < W4A16_NUM_LAYERS; i++) {
+        const w4a16_layer *ly = &w4a16_layers[i];
+        if (ly->family == 1) continue; /* the other full models share these shapes' regimes */
+        gpu_layer L;
+        gpu_layer_make(&L, ly->K, ly->N, 128, i % 2 ? W4A16_BF16 : W4A16_FP16, 0, 1, &seed);
+        for (int m = 0; m < 5; m++) {
+            check_gemm(PATH_AWQ, &L, ms[m], 0, 1, &st);
+            check_gemm(PATH_MARLIN, &L, ms[m], 0, 1, &st);
+        }
+        if (ly->family == 0 && ly->N <= 6144) {
+            check_gemm(PATH_AWQ, &L, 4096, 0, 1, &st);
+            check_gemm(PATH_MARLIN, &L, 4096, 0, 1, &st);
+        }
+        gpu_layer_free(&L);
+    }
+    stats_print("real layers", &st);
+}
+
+/* Symmetric GPTQ (uint4b8) through the Marlin path. */
+static void test_marlin_gptq(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    stats st = {0};
+    const int ms[] = {1, 5, 16, 33, 64, 200, 1024};
+    for (int d = 0; d < 2; d++)
+        for (int g = 0; g < 4; g++) {
+            gpu_layer L;
+            gpu_layer_make(&L, 1024, 768, groups[g], dtypes[d], 1, 1, &seed);
+            for (int m = 0; m < 7; m++) check_gemm(PATH_MARLIN, &L, ms[m], m % 2, 1, &st);
+            gpu_layer_free(&L);
+        }
+    stats_print("marlin gptq", &st);
+}
+
+/* Every profile that fits this GPU, forced, on both paths (the sm120 profile among them). */
+static void test_forced_profiles(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const char *const *names = w4a16_profile_names();
+    const int ms[] = {1, 3, 16, 17, 33, 64, 100, 255, 1024};
+    for (int p = 0; names[p]; p++) {
+        w4a16_status s = w4a16_force_profile(names[p]);
+        if (s == W4A16_ERR_PROFILE_UNAVAILABLE) {
+            printf("  profile %s does not fit this GPU: %s\n", names[p], w4a16_last_error_message());
+            continue;
+        }
+        assert_int_equal(s, W4A16_OK);
+        stats st = {0};
+        for (int d = 0; d < 2; d++) {
+            gpu_layer L;
+            gpu_layer_make(&L, 2048, 1536, d ? 64 : 128, dtypes[d], 0, 1, &seed);
+            for (int m = 0; m < 9; m++) {
+                check_gemm(PATH_AWQ, &L, ms[m], 0, 1, &st);
+                check_gemm(PATH_MARLIN, &L, ms[m], 0, 1, &st);
+            }
+            gpu_layer_free(&L);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "profile %s", names[p]);
+        stats_print(what, &st);
+    }
+    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+}
+
+/* Bias, and no workspace (no K split). */
+static void test_bias_and_no_workspace(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    stats st = {0};
+    gpu_layer L;
+    gpu_layer_make(&L, 4096, 1024, 128, W4A16_FP16, 0, 1, &seed);
+    const int ms[] = {1, 9, 64, 300};
+    for (int m = 0; m < 4; m++)
+        for (int ws = 0; ws < 2; ws++) {
+            check_gemm(PATH_AWQ, &L, ms[m], 1, ws, &st);
+            check_gemm(PATH_MARLIN, &L, ms[m], 1, ws, &st);
+        }
+    gpu_layer_free(&L);
+    stats_print("bias / no workspace", &st);
+}
+
+/* Small shapes against the CPU double-precision reference (independent of cuBLAS and of the GPU dequantiser). */
+static void test_small_against_cpu(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int M = 5, K = 256, N = 128, G = 64;
+    for (int d = 0; d < 2; d++) {
+        w4a16_dtype dt = dtypes[d];
+        float *Wf = malloc(sizeof(float) * K * N), *Af = malloc(sizeof(float) * M * K), *Cf = malloc(sizeof(float) * M * N);
+        double *ref = malloc(sizeof(double) * M * N);
+        for (int i = 0; i < K * N; i++) Wf[i] = w4a16_ref_rand_uniform(&seed, -1.f, 1.f);
+        int32_t *qw = calloc(K * N / 8, 4), *qz = calloc(K / G * N / 8, 4);
+        uint16_t *s = malloc(2 * K / G * N), *hA = malloc(2 * M * K), *hC = malloc(2 * M * N);
+        w4a16_ref_awq_quantize(Wf, K, N, G, dt, qw, qz, s);
+        w4a16_ref_awq_dequantize(qw, qz, s, K, N, G, dt, Wf);
+        fill_random_half(hA, M * K, -1.f, 1.f, dt, &seed);
+        for (int i = 0; i < M * K; i++) Af[i] = w4a16_ref_to_float(hA[i], dt);
+        w4a16_ref_gemm(Af, Wf, NULL, M, N, K, ref);
+        void *dA = gpu_upload(hA, 2 * M * K), *dW = gpu_upload(qw, K * N / 2), *dZ = gpu_upload(qz, K / G * N / 2);
+        void *dS = gpu_upload(s, 2 * K / G * N), *dC = gpu_alloc(2 * M * N);
+        GPU_CHECK(cudaMemset(dC, 0xFF, 2 * M * N));
+        W4_CHECK(w4a16_awq_gemm(dA, dW, dS, dZ, NULL, dC, M, N, K, G, dt, workspace, workspace_bytes, NULL));
+        GPU_CHECK(cudaMemcpy(hC, dC, 2 * M * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < M * N; i++) Cf[i] = w4a16_ref_to_float(hC[i], dt);
+        double err = w4a16_ref_rel_error(Cf, ref, M * N);
+        printf("  awq %s vs CPU fp64 reference: relative error %.2e\n", dt ? "bf16" : "fp16", err);
+        assert_true(err < tolerance(dt));
+        cudaFree(dA); cudaFree(dW); cudaFree(dZ); cudaFree(dS); cudaFree(dC);
+        free(Wf); free(Af); free(Cf); free(ref); free(qw); free(qz); free(s); free(hA); free(hC);
+    }
+}
+
+/* GPU dequantiser and converters equal their CPU twins bit for bit. */
+static void test_converters_bit_exact(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int shapes[][3] = {{128, 64, 128}, {384, 192, 64}, {1024, 512, 32}, {512, 256, -1}, {4096, 1024, 128}};
+    for (int i = 0; i < 5; i++) {
+        int K = shapes[i][0], N = shapes[i][1], G = shapes[i][2], rows = G > 0 ? K / G : 1;
+        for (int d = 0; d < 2; d++) {
+            w4a16_dtype dt = dtypes[d];
+            uint32_t *qw = malloc((size_t)K * N / 2), *qz = malloc((size_t)rows * N / 2);
+            uint16_t *s = malloc((size_t)2 * rows * N);
+            fill_random_words(qw, (size_t)K * N / 8, &seed);
+            fill_random_words(qz, (size_t)rows * N / 8, &seed);
+            fill_random_half(s, (size_t)rows * N, 0.001f, 0.1f, dt, &seed);
+            void *dw = gpu_upload(qw, (size_t)K * N / 2), *dz = gpu_upload(qz, (size_t)rows * N / 2);
+            void *ds = gpu_upload(s, (size_t)2 * rows * N), *out = gpu_alloc((size_t)K * N * 2);
+            /* dequantise */
+            float *Wf = malloc(sizeof(float) * K * N);
+            uint16_t *got = malloc((size_t)K * N * 2);
+            W4_CHECK(w4a16_awq_dequantize(dw, ds, dz, out, K, N, G, dt, NULL));
+            GPU_CHECK(cudaMemcpy(got, out, (size_t)K * N * 2, cudaMemcpyDeviceToHost));
+            w4a16_ref_awq_dequantize((int32_t *)qw, (int32_t *)qz, s, K, N, G, dt, Wf);
+            for (size_t j = 0; j < (size_t)K * N; j++)
+                if (got[j] != w4a16_ref_from_float(Wf[j], dt)) fail_msg("dequantize K=%d N=%d G=%d element %zu", K, N, G, j);
+            /* weight repacks */
+            int32_t *cpu = malloc((size_t)K * N / 2), *perm = malloc(sizeof(int32_t) * K);
+            W4_CHECK(w4a16_marlin_repack_awq(dw, out, K, N, NULL));
+            GPU_CHECK(cudaMemcpy(got, out, (size_t)K * N / 2, cudaMemcpyDeviceToHost));
+            w4a16_ref_marlin_repack_awq((int32_t *)qw, K, N, cpu);
+            assert_memory_equal(got, cpu, (size_t)K * N / 2);
+            for (int k = 0; k < K; k++) perm[k] = (k * 7 + 3) % K; /* a permutation when gcd(7, K) = 1 */
+            void *dperm = gpu_upload(perm, sizeof(int32_t) * K);
+            W4_CHECK(w4a16_marlin_repack_gptq(dw, dperm, out, K, N, NULL));
+            GPU_CHECK(cudaMemcpy(got, out, (size_t)K * N / 2, cudaMemcpyDeviceToHost));
+            w4a16_ref_marlin_repack_gptq((int32_t *)qw, perm, K, N, cpu);
+            assert_memory_equal(got, cpu, (size_t)K * N / 2);
+            /* scales and zero points */
+            W4_CHECK(w4a16_marlin_permute_scales(ds, out, K, N, G, dt, NULL));
+            GPU_CHECK(cudaMemcpy(got, out, (size_t)2 * rows * N, cudaMemcpyDeviceToHost));
+            w4a16_ref_marlin_permute_scales(s, K, N, G, (uint16_t *)cpu);
+            assert_memory_equal(got, cpu, (size_t)2 * rows * N);
+            W4_CHECK(w4a16_marlin_awq_zero_points(dz, out, K, N, G, NULL));
+            GPU_CHECK(cudaMemcpy(got, out, (size_t)rows * N / 2, cudaMemcpyDeviceToHost));
+            w4a16_ref_marlin_awq_zero_points((int32_t *)qz, K, N, G, cpu);
+            assert_memory_equal(got, cpu, (size_t)rows * N / 2);
+            cudaFree(dw); cudaFree(dz); cudaFree(ds); cudaFree(out); cudaFree(dperm);
+            free(qw); free(qz); free(s); free(Wf); free(got); free(cpu); free(perm);
+        }
+    }
+}
+
+/* The Marlin and AWQ paths agree on the same AWQ tensors. */
+static void test_paths_agree(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    gpu_layer L;
+    gpu_layer_make(&L, 4096, 2048, 128, W4A16_FP16, 0, 1, &seed);
+    const int M = 24;
+    uint16_t *hA = malloc(2 * M * 4096), *c1 = malloc(2 * M * 2048), *c2 = malloc(2 * M * 2048);
+    fill_random_half(hA, M * 4096, -1.f, 1.f, W4A16_FP16, &seed);
+    void *A = gpu_upload(hA, 2 * M * 4096), *C1 = gpu_alloc(2 * M * 2048), *C2 = gpu_alloc(2 * M * 2048);
+    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C1, M, 2048, 4096, 128, W4A16_FP16, workspace,
+                            workspace_bytes, NULL));
+    W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C2, M, 2048, 4096, 128, W4A16_FP16, workspace,
+                               workspace_bytes, NULL));
+    GPU_CHECK(cudaMemcpy(c1, C1, 2 * M * 2048, cudaMemcpyDeviceToHost));
+    GPU_CHECK(cudaMemcpy(c2, C2, 2 * M * 2048, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int i = 0; i < M * 2048; i++) {
+        double a = w4a16_ref_to_float(c1[i], W4A16_FP16), b = w4a16_ref_to_float(c2[i], W4A16_FP16);
+        num += (a - b) * (a - b);
+        den += a * a;
+    }
+    printf("  awq vs marlin on the same tensors: relative difference %.2e\n", sqrt(num / den));
+    assert_true(sqrt(num / den) < 5e-3);
+    cudaFree(A); cudaFree(C1); cudaFree(C2); free(hA); free(c1); free(c2);
+    gpu_layer_free(&L);
+}
+
+/* Too small a workspace is rejected before anything runs; C keeps its contents. */
+static void test_workspace_too_small(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    gpu_layer L;
+    gpu_layer_make(&L, 512, 256, 128, W4A16_FP16, 0, 1, &seed);
+    void *A = gpu_alloc(2 * 512), *C = gpu_alloc(2 * 256);
+    GPU_CHECK(cudaMemset(C, 0x5A, 2 * 256));
+    w4a16_status s = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16,
+                                    workspace, workspace_bytes - 16, NULL);
+    assert_int_equal(s, W4A16_ERR_WORKSPACE_TOO_SMALL);
+    assert_non_null(strstr(w4a16_last_error_message(), "workspace_bytes="));
+    GPU_CHECK(cudaDeviceSynchronize());
+    unsigned char h[512];
+    GPU_CHECK(cudaMemcpy(h, C, 512, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 512; i++) assert_int_equal(h[i], 0x5A);
+    /* and the next valid call works */
+    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16, workspace,
+                            workspace_bytes, NULL));
+    GPU_CHECK(cudaDeviceSynchronize());
+    cudaFree(A); cudaFree(C);
+    gpu_layer_free(&L);
+}
+
+/* Two streams with two workspaces at once give the serial results; a CUDA graph replays the same result. */
+static void test_streams_and_graphs(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int M = 4, K = 8192, N = 1024;
+    gpu_layer L;
+    gpu_layer_make(&L, K, N, 128, W4A16_BF16, 0, 1, &seed);
+    uint16_t *hA = malloc(2 * M * K), *r1 = malloc(2 * M * N), *r2 = malloc(2 * M * N);
+    fill_random_half(hA, M * K, -1.f, 1.f, W4A16_BF16, &seed);
+    void *A = gpu_upload(hA, 2 * M * K), *C1 = gpu_alloc(2 * M * N), *C2 = gpu_alloc(2 * M * N), *Cs = gpu_alloc(2 * M * N);
+    void *ws2 = gpu_alloc(workspace_bytes);
+    GPU_CHECK(cudaMemset(ws2, 0, workspace_bytes));
+    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, Cs, M, N, K, 128, W4A16_BF16, workspace,
+                            workspace_bytes, NULL));
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(r1, Cs, 2 * M * N, cudaMemcpyDeviceToHost));
+    cudaStream_t s1, s2;
+    GPU_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    GPU_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    for (int it = 0; it < 20; it++) {
+        W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C1, M, N, K, 128, W4A16_BF16, workspace,
+                                workspace_bytes, s1));
+        W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C2, M, N, K, 128, W4A16_BF16, ws2,
+                                   workspace_bytes, s2));
+    }
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(r2, C1, 2 * M * N, cudaMemcpyDeviceToHost));
+    assert_memory_equal(r1, r2, 2 * M * N); /* deterministic: bit-identical to the serial run */
+    /* graph capture of the AWQ path */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GPU_CHECK(cudaMemset(C1, 0xFF, 2 * M * N));
+    GPU_CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C1, M, N, K, 128, W4A16_BF16, workspace,
+                            workspace_bytes, s1));
+    GPU_CHECK(cudaStreamEndCapture(s1, &graph));
+    GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int it = 0; it < 3; it++) GPU_CHECK(cudaGraphLaunch(exec, s1));
+    GPU_CHECK(cudaStreamSynchronize(s1));
+    GPU_CHECK(cudaMemcpy(r2, C1, 2 * M * N, cudaMemcpyDeviceToHost));
+    assert_memory_equal(r1, r2, 2 * M * N);
+    printf("  two streams x 20 calls and 3 graph replays: bit-identical to the serial result\n");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s1); cudaStreamDestroy(s2);
+    cudaFree(A); cudaFree(C1); cudaFree(C2); cudaFree(Cs); cudaFree(ws2);
+    free(hA); free(r1); free(r2);
+    gpu_layer_free(&L);
+}
+
+static int setup(void **state) {
+    (void)state;
+    w4a16_device_info info;
+    w4a16_status s = w4a16_get_device_info(0, &info);
+    if (s != W4A16_OK || !info.supported) {
+        snprintf(skip_reason, sizeof skip_reason, "no usable CUDA GPU: %s",
+                 s != W4A16_OK ? w4a16_last_error_message() : info.reason);
+        return 0;
+    }
+    printf("test_gpu: %s; seed %llu\n", info.reason, (unsigned long long)seed);
+    have_gpu = 1;
+    sm_count = info.sm_count;
+    BLAS_CHECK(cublasCreate(&blas));
+    W4_CHECK(w4a16_workspace_size(&workspace_bytes));
+    workspace = gpu_alloc(workspace_bytes);
+    GPU_CHECK(cudaMemset(workspace, 0, workspace_bytes));
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    if (have_gpu) {
+        cudaFree(workspace);
+        cublasDestroy(blas);
+    }
+    return 0;
+}
+
+int main(void) {
+    seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (uint64_t)clock();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_converters_bit_exact),
+        cmocka_unit_test(test_small_against_cpu),
+        cmocka_unit_test(test_paths_agree),
+        cmocka_unit_test(test_gemm_m_sweep),
+        cmocka_unit_test(test_gemm_real_layers),
+        cmocka_unit_test(test_marlin_gptq),
+        cmocka_unit_test(test_forced_profiles),
+        cmocka_unit_test(test_bias_and_no_workspace),
+        cmocka_unit_test(test_workspace_too_small),
+        cmocka_unit_test(test_streams_and_graphs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
