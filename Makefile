@@ -117,12 +117,14 @@ test: lib tests
 	$(BUILD)/test_gpu
 
 # ---- benchmark (the main job)
-BENCH_SO := $(firstword $(wildcard /usr/lib/*/libbenchmark.so.1 /usr/lib/libbenchmark.so.1))
-$(BUILD)/libbenchmark.so.1:
+# Debian names the library by its SONAME (libbenchmark.so.1debian): copy it under that name next to the binary.
+BENCH_SO := $(firstword $(wildcard /usr/lib/*/libbenchmark.so /usr/lib/libbenchmark.so /usr/lib64/libbenchmark.so))
+BENCH_SONAME := $(if $(BENCH_SO),$(shell objdump -p $(BENCH_SO) 2>/dev/null | awk '/SONAME/{print $$2}'),libbenchmark.so)
+$(BUILD)/$(BENCH_SONAME):
 	@test -n "$(BENCH_SO)" || { echo "Google Benchmark not found: apt-get install libbenchmark-dev"; exit 1; }
 	cp -L $(BENCH_SO) $@
 
-$(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/libbenchmark.so.1
+$(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
 bench-build: lib $(BUILD)/bench
