@@ -3,14 +3,24 @@
 #include <cuda_runtime_api.h>
 #include "internal.h"
 
-/* K splits across blocks: only when the tiles alone leave SMs idle, at most 2 x SMs blocks in all (the
- * workspace is sized for that), and every split keeps at least 2 k-tiles of 64. */
+/* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
+ * SM) idle; never more blocks than those slots (the workspace is sized for that), at most 16 splits, and every
+ * split keeps at least 2 k-tiles. */
 static int choose_splits(const w4a16_gemm_config *cfg, int tiles, int num_kt, int sm_count) {
-    if (cfg->wk == 1 || tiles >= sm_count) return 1;
-    int s = (2 * sm_count) / tiles;
+    int slots = sm_count * cfg->minb;
+    if (tiles * 2 > slots) return 1;
+    int s = slots / tiles;
     if (s > num_kt / 2) s = num_kt / 2;
-    if (s > 32) s = 32;
+    if (s > 16) s = 16;
     return s < 1 ? 1 : s;
+}
+
+/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
+static int group_shift(int G) {
+    if (G & (G - 1)) return 31;
+    int s = 0;
+    while ((1 << s) < G) s++;
+    return s;
 }
 
 static w4a16_status launch_status(int err, const char *op) {
@@ -33,7 +43,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
-    const int tiles = tiles_m * tiles_n, num_kt = (K + W4A16_BK - 1) / W4A16_BK;
+    const int tiles = tiles_m * tiles_n, bk = w4a16_cfg_bk(cfg), num_kt = (K + bk - 1) / bk;
 
     size_t need = w4a16_workspace_bytes_for(st->sm_count);
     int splits = 1;
@@ -46,6 +56,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     w4a16_gemm_launch a = {0};
     a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
     a.M = M; a.N = N; a.K = K; a.G = G;
+    a.gshift = group_shift(G);
     a.dtype = dtype;
     a.layout = layout;
     a.cfg = tc->cfg;

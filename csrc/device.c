@@ -22,22 +22,23 @@
 
 /* ---------------------------------------------------------------- tables */
 static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
-#define W4A16_CFG_ROW_(id, name, MT, WM, WN, WK) {id, name, MT, WM, WN, WK},
+#define W4A16_CFG_ROW_(id, name, MT, WM, WN, WK, KS, MINB) {id, name, MT, WM, WN, WK, KS, MINB},
     W4A16_GEMM_CONFIGS(W4A16_CFG_ROW_)
 #undef W4A16_CFG_ROW_
 };
 
 /* name, arch, fallback, small_max_m, mid_max_m, {cfg, stages} for small / mid / large M.
- * Shared memory per block (AWQ layout, the larger): cfg0 7.8 KB/stage, cfg1 14 KB/stage, cfg2 26.9 KB/stage.
- * 99 KB parts (sm_86, sm_89, sm_120, sm_121) take 4 and 3 stages for the larger tiles; 163-227 KB parts 5 and 4. */
+ * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 13.6 KB, cfg2 26.3 KB. The decode config
+ * takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
+ * take one stage less for the larger tiles. */
 static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 16, 64, {0, 6}, {1, 5}, {2, 4}},
-    {"sm86", 86, "sm80", 16, 64, {0, 6}, {1, 4}, {2, 3}},
-    {"sm89", 89, "sm86", 16, 64, {0, 6}, {1, 4}, {2, 3}},
-    {"sm90", 90, "sm80", 16, 64, {0, 6}, {1, 5}, {2, 4}},
-    {"sm100", 100, "sm90", 16, 64, {0, 6}, {1, 5}, {2, 4}},
-    {"sm120", 120, "sm89", 16, 64, {0, 6}, {1, 4}, {2, 3}},
-    {"sm121", 121, "sm120", 16, 64, {0, 6}, {1, 4}, {2, 3}},
+    {"sm80", 80, NULL, 16, 256, {0, 3}, {1, 5}, {2, 4}},
+    {"sm86", 86, "sm80", 16, 256, {0, 3}, {1, 4}, {2, 3}},
+    {"sm89", 89, "sm86", 16, 256, {0, 3}, {1, 4}, {2, 3}},
+    {"sm90", 90, "sm80", 16, 256, {0, 3}, {1, 5}, {2, 4}},
+    {"sm100", 100, "sm90", 16, 256, {0, 3}, {1, 5}, {2, 4}},
+    {"sm120", 120, "sm89", 16, 256, {0, 3}, {1, 4}, {2, 3}},
+    {"sm121", 121, "sm120", 16, 256, {0, 3}, {1, 4}, {2, 3}},
 };
 enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
 
@@ -308,26 +309,32 @@ w4a16_status w4a16_force_profile(const char *name) {
 }
 
 /* ---------------------------------------------------------------- workspace
- * Split-K is used only while (tiles x splits) <= 2 x SMs and only by the small and mid configs, so the
- * counters need 2 x SMs ints and the partials 2 x SMs tiles of the largest such config. */
-static size_t max_split_tile_bytes(void) {
+ * A call splits K only while splits x tiles <= SMs x (its config's blocks per SM), so the counters need that
+ * many ints and the partials that many tiles of fp32, for the largest such product over the configs. */
+static size_t max_split_blocks(int sm_count) {
+    int best = 0;
+    for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++)
+        if (configs[i].minb > best) best = configs[i].minb;
+    return (size_t)sm_count * best;
+}
+
+static size_t max_split_partial_bytes(int sm_count) {
     size_t best = 0;
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
         const w4a16_gemm_config *c = &configs[i];
-        if (c->wk == 1) continue; /* large-M configs never split */
-        size_t b = (size_t)w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
+        size_t b = (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
         if (b > best) best = b;
     }
     return best;
 }
 
 size_t w4a16_workspace_counters_bytes(int sm_count) {
-    size_t b = (size_t)2 * sm_count * sizeof(int);
+    size_t b = max_split_blocks(sm_count) * sizeof(int);
     return (b + 255) & ~(size_t)255;
 }
 
 size_t w4a16_workspace_bytes_for(int sm_count) {
-    return w4a16_workspace_counters_bytes(sm_count) + (size_t)2 * sm_count * max_split_tile_bytes();
+    return w4a16_workspace_counters_bytes(sm_count) + max_split_partial_bytes(sm_count);
 }
 
 w4a16_status w4a16_workspace_size(size_t *bytes) {

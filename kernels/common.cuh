@@ -100,13 +100,14 @@ template <typename T> struct GroupConst {
     typename Dtype<T>::T2 s;   // scale in both halves
 };
 
-template <typename T> __device__ __forceinline__ GroupConst<T> make_group_const(T scale, int zero) {
+// Built from bit patterns: BASE + z and BASE/16 + z are exact small numbers, so no float conversion is needed.
+//   fp16: 1024 + z = 0x6400 + z; -(64 + z) = 0xD400 + 16 z.   bf16: 128 + z = 0x4300 + z (z16 unused).
+template <typename T> __device__ __forceinline__ GroupConst<T> make_group_const_bits(uint16_t scale, uint32_t zero) {
     using D = Dtype<T>;
     GroupConst<T> g;
-    g.zb = D::pair(D::BASE + (float)zero);
-    g.z16 = D::pair(-(D::BASE / 16.0f + (float)zero));
-    g.s.x = scale;
-    g.s.y = scale;
+    g.zb = D::from_bits(D::MAGIC + zero * 0x00010001u);          // one IMAD
+    g.z16 = D::from_bits(0xD400D400u + zero * 0x00100010u);      // one IMAD
+    g.s = D::from_bits(prmt((uint32_t)scale, 0u, 0x1010u));      // scale in both halves
     return g;
 }
 

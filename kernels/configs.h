@@ -1,21 +1,23 @@
 /* Compiled GEMM tile configurations: one list, read by the kernels (template instances) and by the
  * host (profiles, shared-memory sizing). Plain C so csrc/ can include it.
  *
- *   X(id, name, MT, WM, WN, WK)
+ *   X(id, name, MT, WM, WN, WK, KS, MINB)
  *   MT  m16 tiles per warp          BM = 16 * MT * WM   rows of A per block
  *   WM  warps along M               BN = 64 * WN        columns of C per block (each warp owns 64)
- *   WN  warps along N               BK = 64             k per pipeline stage (WK warps split it)
+ *   WN  warps along N               BK = 16 * WK * KS   k per pipeline stage
  *   WK  warps along K (reduced through shared memory at the end)
+ *   KS  k16 steps per warp per stage
+ *   MINB blocks per SM the register budget is capped for (__launch_bounds__)
  */
 #ifndef W4A16_KERNEL_CONFIGS_H
 #define W4A16_KERNEL_CONFIGS_H
 
-#define W4A16_GEMM_CONFIGS(X)                                                                  \
-    X(0, "m16n128k64", 1, 1, 2, 4)  /* decode: 8 warps, 4-way K split inside the block */      \
-    X(1, "m64n128k64", 4, 1, 2, 2)  /* medium M: 8 warps, 2-way K split */                     \
-    X(2, "m128n256k64", 4, 2, 4, 1) /* large M: 8 warps, 64x64 warp tiles */
+#define W4A16_GEMM_CONFIGS(X)                                                                          \
+    X(0, "m16n128k128", 1, 1, 2, 2, 4, 4) /* decode: 4 warps, 2-way K split inside the block, 4 blocks/SM */ \
+    X(1, "m64n128k64", 4, 1, 2, 2, 2, 1)  /* medium M (17-256): 4 warps, 2-way K split */                     \
+    X(2, "m128n256k64", 4, 2, 4, 1, 4, 1) /* large M: 8 warps, 64x64 warp tiles */
 
-enum { W4A16_NUM_GEMM_CONFIGS = 3, W4A16_BK = 64 };
+enum { W4A16_NUM_GEMM_CONFIGS = 3 };
 
 /* Weight layouts the GEMM kernel reads. */
 enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
@@ -23,21 +25,23 @@ enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
 typedef struct w4a16_gemm_config {
     int id;
     const char *name;
-    int mt, wm, wn, wk;
+    int mt, wm, wn, wk, ks, minb;
 } w4a16_gemm_config;
 
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
 static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }
+static inline int w4a16_cfg_bk(const w4a16_gemm_config *c) { return 16 * c->wk * c->ks; }
 static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c->wm * c->wn * c->wk; }
 
-/* Bytes of one pipeline stage: A tile, weight tile, two rows of scales and of zero points. */
+/* Bytes of one pipeline stage: A tile, weight tile, and the scale / zero-point rows of the groups a stage can
+ * touch (BK / 32: group sizes are at least 32). */
 static inline int w4a16_cfg_stage_bytes(const w4a16_gemm_config *c, int layout) {
-    int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c);
-    int a = bm * W4A16_BK * 2;
+    int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c), slots = bk / 32;
+    int a = bm * bk * 2;
     /* AWQ rows are padded by 4 words so the 4 row-loads of a fragment hit distinct banks. */
-    int b = layout == W4A16_LAYOUT_AWQ ? W4A16_BK * (bn / 8 + 4) * 4 : (W4A16_BK / 16) * (2 * bn) * 4;
-    int s = 2 * bn * 2;
-    int z = 2 * (bn / 8) * 4;
+    int b = layout == W4A16_LAYOUT_AWQ ? bk * (bn / 8 + 4) * 4 : (bk / 16) * (2 * bn) * 4;
+    int s = slots * bn * 2;
+    int z = slots * (bn / 8) * 4;
     return a + b + s + z;
 }
 

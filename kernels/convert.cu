@@ -97,6 +97,7 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     g.bias = a->bias;
     g.C = a->C;
     g.M = a->M; g.N = a->N; g.K = a->K; g.G = a->G;
+    g.gshift = a->gshift;
     g.stages = a->stages;
     g.counters = static_cast<int *>(a->counters);
     g.partials = static_cast<float4 *>(a->partials);

@@ -2,7 +2,7 @@
 //
 //   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
 //
-// Block tile BM x BN, BK = 64 per stage (configs.h). Warps: WM along M, WN along N (64 columns each), WK along
+// Block tile BM x BN, BK = 16 * WK * KS per stage (configs.h). Warps: WM along M, WN along N (64 columns each), WK along
 // K (their partial sums are added through shared memory at the end). A multi-stage cp.async.cg pipeline
 // brings A, the packed weights, and the two scale / zero-point rows a stage can touch into shared memory;
 // one __syncthreads per stage. Each warp computes (16*MT) x 64 with mma.sync m16n8k16: A fragments by
@@ -35,24 +35,26 @@ struct GemmArgs {
     const void *bias;    // [N] or nullptr
     void *C;             // [M, N]
     int M, N, K, G;      // G already resolved (G = K for channelwise)
+    int gshift;          // log2(G), or 31 when G = K is not a power of two (one group)
     int stages;
     int *counters;       // workspace: per-tile arrival counters (zero between calls)
     float4 *partials;    // workspace: split partial sums
     int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
 };
 
-template <typename T, int LAYOUT, int MT, int WM, int WN, int WK>
-__global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmArgs p) {
+template <typename T, int LAYOUT, int MT, int WM, int WN, int WK, int KS, int MINB>
+__global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
     constexpr int THREADS = 32 * WM * WN * WK;
-    constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = W4A16_BK;
-    constexpr int KS = (BK / 16) / WK;                 // k16 steps per warp per stage
+    constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = 16 * WK * KS;
+    constexpr int SLOTS = BK / 32;                     // scale rows a stage can need (G >= 32)
     constexpr int SB_AWQ = BN / 8 + 4;                 // padded words per AWQ smem row
+    constexpr int CH_A = BK / 8;                       // 16-byte chunks per A row
     constexpr int A_BYTES = BM * BK * 2;
     constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB_AWQ * 4 : (BK / 16) * 2 * BN * 4;
-    constexpr int S_BYTES = 2 * BN * 2, Z_BYTES = 2 * (BN / 8) * 4;
+    constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     constexpr int STAGE_BYTES = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
-    static_assert(KS * WK * 16 == BK, "WK must divide BK/16");
+    static_assert(SLOTS * (BN / 8) <= THREADS, "one thread per scale chunk");
 
     extern __shared__ __align__(16) unsigned char smem[];
 
@@ -67,60 +69,81 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmAr
     const int kt_end = (int)((long long)(split + 1) * num_kt / splits);
     const int nk = kt_end - kt_begin;
     const int stages = p.stages;
+    const int gshift = p.gshift;                      // group of row k = k >> gshift (31 for one group)
+    const int g_last = (K - 1) >> gshift;
+    const int slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // k0 is a multiple of BK: groups aligned
 
     const T *A = static_cast<const T *>(p.A);
     const T *S = static_cast<const T *>(p.scales);
 
-    // ---- producer: one pipeline stage
+    // ---- producer: a per-thread copy plan fixed for the whole K loop; each stage advances it by one stride.
+    constexpr int A_CH = BM * CH_A, A_PER = (A_CH + THREADS - 1) / THREADS;
+    constexpr int B_CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2;      // 16-byte chunks per smem row
+    constexpr int B_ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
+    constexpr int B_CH = B_ROWS * B_CPR, B_PER = (B_CH + THREADS - 1) / THREADS;
+    const size_t b_stride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
+    const T *a_src[A_PER];
+    int a_k[A_PER];       // first k of the chunk; < 0 when the thread has no chunk there (or the row is >= M)
+    uint32_t a_dst[A_PER];
+    const uint32_t *b_src[B_PER];
+    int b_k[B_PER];
+    uint32_t b_dst[B_PER];
+#pragma unroll
+    for (int i = 0; i < A_PER; i++) {
+        int c = tid + i * THREADS, row = c / CH_A, ch = c % CH_A;
+        bool on = c < A_CH && m0 + row < M; // rows >= M are never stored, so never loaded
+        a_k[i] = on ? kt_begin * BK + ch * 8 : -1;
+        a_src[i] = A + (on ? (size_t)(m0 + row) * K + kt_begin * BK + ch * 8 : 0);
+        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+    }
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) {
+        int c = tid + i * THREADS, row = c / B_CPR, ch = c % B_CPR;
+        bool on = c < B_CH;
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            on = on && n0 + ch * 32 < N;
+            b_k[i] = on ? kt_begin * BK + row : -1;
+            b_src[i] = p.B + (on ? (size_t)(kt_begin * BK + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
+            b_dst[i] = A_BYTES + (row * SB_AWQ + ch * 4) * 4;
+        } else {
+            on = on && 2 * n0 + ch * 4 < 2 * N;
+            b_k[i] = on ? kt_begin * BK + row * 16 : -1;
+            b_src[i] = p.B + (on ? (size_t)(kt_begin * (BK / 16) + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
+            b_dst[i] = A_BYTES + (row * (2 * BN) + ch * 4) * 4;
+        }
+    }
     auto load_stage = [&](int kt, int slot) {
         unsigned char *st = smem + slot * STAGE_BYTES;
-        T *sA = reinterpret_cast<T *>(st);
-        uint32_t *sB = reinterpret_cast<uint32_t *>(st + A_BYTES);
+#pragma unroll
+        for (int i = 0; i < A_PER; i++) {
+            if (a_k[i] >= 0) {
+                bool ok = a_k[i] < K; // K tail: zero-filled, so it adds nothing
+                cp_async16(st + a_dst[i], ok ? a_src[i] : A, ok);
+                a_src[i] += BK;
+                a_k[i] += BK;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B_PER; i++) {
+            if (b_k[i] >= 0) {
+                bool ok = b_k[i] < K;
+                cp_async16(st + b_dst[i], ok ? b_src[i] : p.B, ok);
+                b_src[i] += b_stride;
+                b_k[i] += BK;
+            }
+        }
+        const int g0 = (kt * BK) >> gshift;
         T *sS = reinterpret_cast<T *>(st + A_BYTES + B_BYTES);
         uint32_t *sZ = reinterpret_cast<uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES);
-        const int k0 = kt * BK;
-#pragma unroll
-        for (int c = tid; c < BM * 8; c += THREADS) { // A: 8 chunks of 16 B per row, XOR-swizzled
-            int row = c >> 3, ch = c & 7, gr = m0 + row, gk = k0 + ch * 8;
-            bool ok = gr < M && gk < K;
-            const T *src = ok ? A + (size_t)gr * K + gk : A;
-            cp_async16(sA + row * BK + ((ch ^ (row & 7)) * 8), src, ok);
-        }
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            constexpr int CPR = BN / 32; // 16-byte chunks per row
-#pragma unroll
-            for (int c = tid; c < BK * CPR; c += THREADS) {
-                int row = c / CPR, ch = c % CPR, gk = k0 + row, col = n0 + ch * 32;
-                bool ok = gk < K && col < N;
-                const uint32_t *src = ok ? p.B + (size_t)gk * (N / 8) + col / 8 : p.B;
-                cp_async16(sB + row * SB_AWQ + ch * 4, src, ok);
-            }
-        } else {
-            constexpr int CPR = BN / 2; // 2*BN words per k16 row
-#pragma unroll
-            for (int c = tid; c < (BK / 16) * CPR; c += THREADS) {
-                int row = c / CPR, ch = c % CPR, gk16 = k0 / 16 + row, word = 2 * n0 + ch * 4;
-                bool ok = gk16 < K / 16 && word < 2 * N;
-                const uint32_t *src = ok ? p.B + (size_t)gk16 * (2 * N) + word : p.B;
-                cp_async16(sB + row * (2 * BN) + ch * 4, src, ok);
-            }
-        }
-        const int g_last = (K - 1) / G;
-        const int ga = k0 / G, gb = min((k0 + BK - 1) / G, g_last);
-        for (int c = tid; c < 2 * (BN / 8); c += THREADS) { // scales: 2 rows x BN/8 chunks
-            int slot2 = c / (BN / 8), ch = c % (BN / 8), col = n0 + ch * 8;
-            int g = slot2 ? gb : ga;
+        if (tid < slots_used * (BN / 8)) { // scale rows of the stage's groups
+            int sl = tid / (BN / 8), ch = tid % (BN / 8), col = n0 + ch * 8, g = min(g0 + sl, g_last);
             bool ok = col < N;
-            cp_async16(sS + slot2 * BN + ch * 8, ok ? S + (size_t)g * N + col : S, ok);
+            cp_async16(sS + sl * BN + ch * 8, ok ? S + (size_t)g * N + col : S, ok);
         }
-        if (p.zeros) {
-            for (int c = tid; c < 2 * (BN / 32); c += THREADS) {
-                int slot2 = c / (BN / 32), ch = c % (BN / 32), col = n0 + ch * 32;
-                int g = slot2 ? gb : ga;
-                bool ok = col < N;
-                cp_async16(sZ + slot2 * (BN / 8) + ch * 4, ok ? p.zeros + (size_t)g * (N / 8) + col / 8 : p.zeros,
-                           ok);
-            }
+        if (p.zeros && tid < slots_used * (BN / 32)) {
+            int sl = tid / (BN / 32), ch = tid % (BN / 32), col = n0 + ch * 32, g = min(g0 + sl, g_last);
+            bool ok = col < N;
+            cp_async16(sZ + sl * (BN / 8) + ch * 4, ok ? p.zeros + (size_t)g * (N / 8) + col / 8 : p.zeros, ok);
         }
     };
 
@@ -133,39 +156,96 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmAr
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
     GroupConst<T> gc[8];
-    int cur_group = -1;
 
-    // ---- consumer: per-group constants of this thread's 8 n8 blocks
-    auto load_group = [&](const unsigned char *st, int slot2) {
-        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + slot2 * BN + wn * 64;
+    // ---- consumer: per-group constants of this thread's 8 n8 blocks, built with integer ops
+    auto load_group = [&](const unsigned char *st, int sl) {
+        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
-                             slot2 * (BN / 8) + wn * 8;
-        T s[8];
+                             sl * (BN / 8) + wn * 8;
+        uint16_t s[8];
         if (LAYOUT == W4A16_LAYOUT_MARLIN && p.marlin_channelwise) {
             // scale_perm_single: within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = sS[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)];
+            for (int m = 0; m < 8; m++) s[m] = s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)];
         } else {
             // AWQ: block j <-> column 8r + ORDER[j]; Marlin grouped: position 8r + m holds column r + 8m.
             uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
-            const T *pv = reinterpret_cast<const T *>(&v);
+            const uint16_t *pv = reinterpret_cast<const uint16_t *>(&v);
 #pragma unroll
             for (int m = 0; m < 8; m++) s[m] = pv[LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m];
         }
-        uint32_t zw = p.zeros ? sZ[r] : 0u;
+        uint32_t zw = p.zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
 #pragma unroll
         for (int m = 0; m < 8; m++) {
-            int z = 8; // uint4b8
-            if (p.zeros) z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
-            gc[m] = make_group_const<T>(s[m], z);
+            uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
+            gc[m] = make_group_const_bits<T>(s[m], z);
         }
     };
 
-    // ---- main loop
+    // ---- fragments, double-buffered across k16 steps
+    uint32_t fa[2][MT][4];
+    uint32_t fb[2][4]; // raw packed weights: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r; Marlin the lane's 16 bytes
+    auto load_frags = [&](const unsigned char *st, int ks, int buf) {
+        const T *sA = reinterpret_cast<const T *>(st);
+        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
+        const int kk = wk * KS + ks; // each warp owns a contiguous K range of the stage
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            int row = wm * MT * 16 + mt * 16 + (lane & 15);
+            int ch = kk * 2 + (lane >> 4);
+            ldmatrix_x4(fa[buf][mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
+        }
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
+            fb[buf][0] = rowp[0];
+            fb[buf][1] = rowp[SB_AWQ];
+            fb[buf][2] = rowp[8 * SB_AWQ];
+            fb[buf][3] = rowp[9 * SB_AWQ];
+        } else {
+            uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
+            fb[buf][0] = v.x; fb[buf][1] = v.y; fb[buf][2] = v.z; fb[buf][3] = v.w;
+        }
+    };
+    auto compute = [&](int buf) {
+        uint32_t b[8][2];
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            uint32_t lo01 = prmt(fb[buf][0], fb[buf][1], 0x5410), hi01 = prmt(fb[buf][0], fb[buf][1], 0x7632);
+            uint32_t lo89 = prmt(fb[buf][2], fb[buf][3], 0x5410), hi89 = prmt(fb[buf][2], fb[buf][3], 0x7632);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
+                uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
+                if (j % 2 == 0) {
+                    b[j][0] = dq_lo<T>(x0, gc[j]);
+                    b[j][1] = dq_lo<T>(x8, gc[j]);
+                } else {
+                    b[j][0] = dq_hi<T>(x0, gc[j]);
+                    b[j][1] = dq_hi<T>(x8, gc[j]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t w = fb[buf][t];
+                b[2 * t][0] = dq_lo<T>(w, gc[2 * t]);
+                b[2 * t][1] = dq_hi<T>(w, gc[2 * t]);
+                b[2 * t + 1][0] = dq_lo<T>(w >> 8, gc[2 * t + 1]);
+                b[2 * t + 1][1] = dq_hi<T>(w >> 8, gc[2 * t + 1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[buf][mt], b[j]);
+    };
+
+    // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
     for (int s = 0; s < stages - 1; s++) {
         if (s < nk) load_stage(kt_begin + s, s);
         cp_async_commit();
     }
+    int cur_group = -1;
     for (int i = 0; i < nk; i++) {
         cp_async_wait_dyn(stages - 2);
         __syncthreads();
@@ -175,60 +255,17 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmAr
             cp_async_commit();
         }
         const unsigned char *st = smem + (i % stages) * STAGE_BYTES;
-        const T *sA = reinterpret_cast<const T *>(st);
-        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
         const int k0 = (kt_begin + i) * BK;
-        const int ga = k0 / G;
+        load_frags(st, 0, 0);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
-            const int kk = ks * WK + wk;
-            const int kabs = k0 + kk * 16;
-            if (kabs >= K) break; // K tail: warp-uniform
-            const int g = kabs / G;
-            if (g != cur_group) {
-                load_group(st, g - ga);
+            if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+            const int g = (k0 + (wk * KS + ks) * 16) >> gshift;
+            if (g != cur_group) { // a warp's contiguous K range meets a new group: rebuild its constants
                 cur_group = g;
+                load_group(st, min(g, g_last) - (k0 >> gshift));
             }
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int row = wm * MT * 16 + mt * 16 + (lane & 15);
-                int ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(a[mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
-            }
-            uint32_t b[8][2];
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
-                uint32_t w0 = rowp[0], w1 = rowp[SB_AWQ], w8 = rowp[8 * SB_AWQ], w9 = rowp[9 * SB_AWQ];
-                uint32_t lo01 = prmt(w0, w1, 0x5410), hi01 = prmt(w0, w1, 0x7632);
-                uint32_t lo89 = prmt(w8, w9, 0x5410), hi89 = prmt(w8, w9, 0x7632);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
-                    uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
-                    if (j % 2 == 0) {
-                        b[j][0] = dq_lo<T>(x0, gc[j]);
-                        b[j][1] = dq_lo<T>(x8, gc[j]);
-                    } else {
-                        b[j][0] = dq_hi<T>(x0, gc[j]);
-                        b[j][1] = dq_hi<T>(x8, gc[j]);
-                    }
-                }
-            } else {
-                uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
-                uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    b[2 * t][0] = dq_lo<T>(w[t], gc[2 * t]);
-                    b[2 * t][1] = dq_hi<T>(w[t], gc[2 * t]);
-                    b[2 * t + 1][0] = dq_lo<T>(w[t] >> 8, gc[2 * t + 1]);
-                    b[2 * t + 1][1] = dq_hi<T>(w[t] >> 8, gc[2 * t + 1]);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], a[mt], b[j]);
+            compute(ks & 1);
         }
     }
     cp_async_wait_all();
@@ -350,10 +387,10 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, 1) gemm_kernel(const GemmAr
 }
 
 // Host-side launch of one instance; returns the CUDA error of the launch (no synchronisation).
-template <typename T, int LAYOUT, int MT, int WM, int WN, int WK>
+template <typename T, int LAYOUT, int MT, int WM, int WN, int WK, int KS, int MINB>
 cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
     constexpr int BM = 16 * MT * WM, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WM, WN, WK>;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WM, WN, WK, KS, MINB>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);

@@ -15,6 +15,7 @@ typedef struct w4a16_gemm_launch {
     const void *A, *B, *scales, *zeros, *bias;
     void *C;
     int M, N, K, G;          /* G resolved: K for channelwise */
+    int gshift;              /* log2(G), 31 when G = K is not a power of two */
     int dtype, layout;       /* w4a16_dtype, W4A16_LAYOUT_* */
     int cfg, stages, splits; /* tile config id, pipeline depth, K splits across blocks */
     int smem_bytes;

@@ -83,9 +83,9 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
     }
     double err = unwritten ? INFINITY : sqrt(num / den);
     if (use_ws) { /* the counters at the start of the workspace are zero again */
-        int *cnt = malloc((size_t)2 * sm_count * sizeof(int));
-        GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)2 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < 2 * sm_count; i++)
+        int *cnt = malloc((size_t)4 * sm_count * sizeof(int)); /* the counters: 4 per SM, at the start */
+        GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 4 * sm_count; i++)
             if (cnt[i]) fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
         free(cnt);
     }
