@@ -57,7 +57,7 @@ TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
 CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
 GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
 
-.PHONY: all lib tests test test-cpu test-gpu bench bench-build install clean sass ptxas-report doctor
+.PHONY: all lib tests test bench bench-build install clean sass check-fat ptxas-report
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
@@ -143,10 +143,9 @@ install: lib $(BUILD)/w4a16-doctor
 	install -m 644 $(BUILD)/w4a16.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 755 $(BUILD)/w4a16-doctor $(DESTDIR)$(PREFIX)/bin/
 
-# ---- inspection
-sass: $(BUILD)/libw4a16.so
-	$(CUDA_HOME)/bin/cuobjdump --list-elf $(BUILD)/libw4a16.so.$(VERSION)
-	$(CUDA_HOME)/bin/cuobjdump --list-ptx $(BUILD)/libw4a16.so.$(VERSION)
+# ---- inspection (cuobjdump from the toolkit, or from PyPI via tools/install-deps)
+check-fat sass: $(BUILD)/libw4a16.so
+	tools/check-fat $(BUILD)/libw4a16.so.$(VERSION) "$(ARCHS)"
 ptxas-report:
 	$(NVCC) $(NVFLAGS) -Xptxas -v -DW4A16_INST_DTYPE=0 -DW4A16_INST_LAYOUT=0 -c kernels/gemm_instance.cu -o /dev/null
 

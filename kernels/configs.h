@@ -1,9 +1,10 @@
 /* Compiled GEMM tile configurations: one list, read by the kernels (template instances) and by the
  * host (profiles, shared-memory sizing). Plain C so csrc/ can include it.
  *
- *   X(id, name, MT, WM, WN, WK, KS, MINB)
+ *   X(id, name, MT, WM, NH, WN, WK, KS, MINB)
  *   MT  m16 tiles per warp          BM = 16 * MT * WM   rows of A per block
- *   WM  warps along M               BN = 64 * WN        columns of C per block (each warp owns 64)
+ *   WM  warps along M               BN = 64 * WN        columns of C per block (64 per warp group)
+ *   NH  warps sharing a 64-column group (1: a warp owns 8 n8 blocks; 2: each owns 4, so a warp can hold more rows)
  *   WN  warps along N               BK = 16 * WK * KS   k per pipeline stage
  *   WK  warps along K (reduced through shared memory at the end)
  *   KS  k16 steps per warp per stage
@@ -13,11 +14,12 @@
 #define W4A16_KERNEL_CONFIGS_H
 
 #define W4A16_GEMM_CONFIGS(X)                                                                          \
-    X(0, "m16n128k128", 1, 1, 2, 2, 4, 4) /* decode: 4 warps, 2-way K split inside the block, 4 blocks/SM */ \
-    X(1, "m64n128k64", 4, 1, 2, 2, 2, 1)  /* medium M (17-256): 4 warps, 2-way K split */                     \
-    X(2, "m128n256k64", 4, 2, 4, 1, 4, 1) /* large M: 8 warps, 64x64 warp tiles */
+    X(0, "m16n128k128", 1, 1, 1, 2, 2, 4, 4) /* decode: 4 warps, 2-way K split inside the block, 4 blocks/SM */ \
+    X(1, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)  /* medium M (17-256): 4 warps, 2-way K split */                     \
+    X(2, "m128n256k64h", 8, 1, 2, 4, 1, 4, 1) /* large M, Marlin: 8 warps of 128x32: a B fragment feeds 8 m16 tiles */ \
+    X(3, "m128n256k64", 4, 2, 1, 4, 1, 4, 1)  /* large M, AWQ: 8 warps of 64x64 (16-byte C stores, fewer A loads) */
 
-enum { W4A16_NUM_GEMM_CONFIGS = 3 };
+enum { W4A16_NUM_GEMM_CONFIGS = 4 };
 
 /* Weight layouts the GEMM kernel reads. */
 enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
@@ -25,13 +27,13 @@ enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
 typedef struct w4a16_gemm_config {
     int id;
     const char *name;
-    int mt, wm, wn, wk, ks, minb;
+    int mt, wm, nh, wn, wk, ks, minb;
 } w4a16_gemm_config;
 
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
 static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }
 static inline int w4a16_cfg_bk(const w4a16_gemm_config *c) { return 16 * c->wk * c->ks; }
-static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c->wm * c->wn * c->wk; }
+static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c->wm * c->nh * c->wn * c->wk; }
 
 /* Bytes of one pipeline stage: A tile, weight tile, and the scale / zero-point rows of the groups a stage can
  * touch (BK / 32: group sizes are at least 32). */
@@ -47,7 +49,7 @@ static inline int w4a16_cfg_stage_bytes(const w4a16_gemm_config *c, int layout) 
 
 /* Bytes to reduce the K-split warps' accumulators at the end (reuses the pipeline buffer). */
 static inline int w4a16_cfg_reduce_bytes(const w4a16_gemm_config *c) {
-    return (c->wk - 1) * c->wm * c->wn * c->mt * 8 * 32 * 16;
+    return (c->wk - 1) * c->wm * c->wn * c->mt * 8 * 32 * 16; /* NH warps split the 8 blocks: same total */
 }
 
 static inline int w4a16_cfg_smem_bytes(const w4a16_gemm_config *c, int layout, int stages) {

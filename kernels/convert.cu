@@ -168,8 +168,8 @@ extern "C" int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int
     return cudaGetLastError();
 }
 
-#define W4A16_STR2_(x) #x
-#define W4A16_STR_(x) W4A16_STR2_(x)
+#define W4A16_STR2_(...) #__VA_ARGS__
+#define W4A16_STR_(...) W4A16_STR2_(__VA_ARGS__)
 extern "C" const char *w4a16_kernel_arch_list(void) {
 #ifdef __CUDA_ARCH_LIST__
     return W4A16_STR_(__CUDA_ARCH_LIST__);

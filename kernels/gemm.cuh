@@ -2,7 +2,8 @@
 //
 //   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
 //
-// Block tile BM x BN, BK = 16 * WK * KS per stage (configs.h). Warps: WM along M, WN along N (64 columns each), WK along
+// Block tile BM x BN, BK = 16 * WK * KS per stage (configs.h). Warps: WM along M, WN along N (64 columns each, split
+// between NH warps of 8/NH n8 blocks when NH = 2), WK along
 // K (their partial sums are added through shared memory at the end). A multi-stage cp.async.cg pipeline
 // brings A, the packed weights, and the two scale / zero-point rows a stage can touch into shared memory;
 // one __syncthreads per stage. Each warp computes (16*MT) x 64 with mma.sync m16n8k16: A fragments by
@@ -42,10 +43,13 @@ struct GemmArgs {
     int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
 };
 
-template <typename T, int LAYOUT, int MT, int WM, int WN, int WK, int KS, int MINB>
-__global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
+template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
+__global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
-    constexpr int THREADS = 32 * WM * WN * WK;
+    constexpr int THREADS = 32 * WM * NH * WN * WK;
+    constexpr int WMN = WM * NH * WN;                  // warps per K slice
+    constexpr int NB = 8 / NH;                         // n8 blocks per warp
+    constexpr int ABUF = MT > 4 ? 1 : 2;               // A fragments double-buffered unless registers are short
     constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = 16 * WK * KS;
     constexpr int SLOTS = BK / 32;                     // scale rows a stage can need (G >= 32)
     constexpr int SB_AWQ = BN / 8 + 4;                 // padded words per AWQ smem row
@@ -59,7 +63,8 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
     extern __shared__ __align__(16) unsigned char smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WM, wn = (warp / WM) % WN, wk = warp / (WM * WN);
+    const int wm = warp % WM, wh = (warp / WM) % NH, wn = (warp / (WM * NH)) % WN, wk = warp / WMN;
+    const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N, K = p.K, G = p.G;
@@ -147,17 +152,17 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
         }
     };
 
-    float acc[MT][8][4];
+    float acc[MT][NB][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NB; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    GroupConst<T> gc[8];
+    GroupConst<T> gc[NB];
 
-    // ---- consumer: per-group constants of this thread's 8 n8 blocks, built with integer ops
+    // ---- consumer: per-group constants of this thread's NB n8 blocks (j0 ..), built with integer ops
     auto load_group = [&](const unsigned char *st, int sl) {
         const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
@@ -177,43 +182,54 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
         }
         uint32_t zw = p.zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
 #pragma unroll
-        for (int m = 0; m < 8; m++) {
+        for (int jj = 0; jj < NB; jj++) {
+            const int m = j0 + jj;
             uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
-            gc[m] = make_group_const_bits<T>(s[m], z);
+            gc[jj] = make_group_const_bits<T>(s[m], z);
         }
     };
 
-    // ---- fragments, double-buffered across k16 steps
-    uint32_t fa[2][MT][4];
+    // ---- fragments, double-buffered across k16 steps (A only when registers allow)
+    uint32_t fa[ABUF][MT][4];
     uint32_t fb[2][4]; // raw packed weights: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r; Marlin the lane's 16 bytes
-    auto load_frags = [&](const unsigned char *st, int ks, int buf) {
+    auto load_a = [&](const unsigned char *st, int ks, int buf) {
         const T *sA = reinterpret_cast<const T *>(st);
-        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
-        const int kk = wk * KS + ks; // each warp owns a contiguous K range of the stage
+        const int kk = wk * KS + ks;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             int row = wm * MT * 16 + mt * 16 + (lane & 15);
             int ch = kk * 2 + (lane >> 4);
             ldmatrix_x4(fa[buf][mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
         }
+    };
+    auto load_frags = [&](const unsigned char *st, int ks, int buf) {
+        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
+        const int kk = wk * KS + ks; // each warp owns a contiguous K range of the stage
+        if constexpr (ABUF == 2) load_a(st, ks, buf);
         if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
             const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
             fb[buf][0] = rowp[0];
             fb[buf][1] = rowp[SB_AWQ];
             fb[buf][2] = rowp[8 * SB_AWQ];
             fb[buf][3] = rowp[9 * SB_AWQ];
-        } else {
+        } else if constexpr (NH == 1) {
             uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
             fb[buf][0] = v.x; fb[buf][1] = v.y; fb[buf][2] = v.z; fb[buf][3] = v.w;
+        } else { // this warp's half of the lane's 16 bytes: tiles 2wh, 2wh+1
+            uint2 v = reinterpret_cast<const uint2 *>(sB + kk * (2 * BN) + wn * 128 + lane * 4 + 2 * wh)[0];
+            fb[buf][0] = v.x; fb[buf][1] = v.y;
         }
     };
-    auto compute = [&](int buf) {
-        uint32_t b[8][2];
+    auto compute = [&](const unsigned char *st, int ks, int buf) {
+        if constexpr (ABUF == 1) load_a(st, ks, 0);
+        uint32_t b[NB][2];
         if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            uint32_t lo01 = prmt(fb[buf][0], fb[buf][1], 0x5410), hi01 = prmt(fb[buf][0], fb[buf][1], 0x7632);
-            uint32_t lo89 = prmt(fb[buf][2], fb[buf][3], 0x5410), hi89 = prmt(fb[buf][2], fb[buf][3], 0x7632);
+            // nibbles 0-3 of each row word are blocks 0-3 (low half-words), nibbles 4-7 blocks 4-7
+            const uint32_t sel_lo = NH == 1 ? 0x5410u : (wh ? 0x7632u : 0x5410u);
+            uint32_t lo01 = prmt(fb[buf][0], fb[buf][1], sel_lo), hi01 = prmt(fb[buf][0], fb[buf][1], 0x7632);
+            uint32_t lo89 = prmt(fb[buf][2], fb[buf][3], sel_lo), hi89 = prmt(fb[buf][2], fb[buf][3], 0x7632);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NB; j++) {
                 uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
                 uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
                 if (j % 2 == 0) {
@@ -226,7 +242,7 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
             }
         } else {
 #pragma unroll
-            for (int t = 0; t < 4; t++) {
+            for (int t = 0; t < NB / 2; t++) {
                 uint32_t w = fb[buf][t];
                 b[2 * t][0] = dq_lo<T>(w, gc[2 * t]);
                 b[2 * t][1] = dq_hi<T>(w, gc[2 * t]);
@@ -237,7 +253,7 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[buf][mt], b[j]);
+            for (int j = 0; j < NB; j++) D::mma(acc[mt][j], fa[ABUF == 2 ? buf : 0][mt], b[j]);
     };
 
     // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
@@ -265,52 +281,52 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
                 cur_group = g;
                 load_group(st, min(g, g_last) - (k0 >> gshift));
             }
-            compute(ks & 1);
+            compute(st, ks, ks & 1);
         }
     }
     cp_async_wait_all();
 
     // ---- K-split warps: add partial sums through shared memory
-    const int warp_mn = warp % (WM * WN);
+    const int warp_mn = warp % WMN;
     if constexpr (WK > 1) {
         __syncthreads(); // every warp is done reading the pipeline buffers
         float4 *red = reinterpret_cast<float4 *>(smem);
         if (wk > 0) {
-            float4 *dst = red + ((wk - 1) * (WM * WN) + warp_mn) * (MT * 8 * 32);
+            float4 *dst = red + ((wk - 1) * WMN + warp_mn) * (MT * NB * 32);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    dst[(mt * 8 + j) * 32 + lane] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+                for (int j = 0; j < NB; j++)
+                    dst[(mt * NB + j) * 32 + lane] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
         }
         __syncthreads();
         if (wk > 0) return;
         for (int w = 1; w < WK; w++) {
-            const float4 *src = red + ((w - 1) * (WM * WN) + warp_mn) * (MT * 8 * 32);
+            const float4 *src = red + ((w - 1) * WMN + warp_mn) * (MT * NB * 32);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float4 v = src[(mt * 8 + j) * 32 + lane];
+                for (int j = 0; j < NB; j++) {
+                    float4 v = src[(mt * NB + j) * 32 + lane];
                     acc[mt][j][0] += v.x; acc[mt][j][1] += v.y; acc[mt][j][2] += v.z; acc[mt][j][3] += v.w;
                 }
         }
     }
-    // From here only the WM*WN warps with wk == 0 remain.
-    constexpr int EPI_THREADS = 32 * WM * WN;
+    // From here only the WMN warps with wk == 0 remain.
+    constexpr int EPI_THREADS = 32 * WMN;
     const int row_base = m0 + wm * MT * 16;
 
     // ---- split-K across blocks: partials to the workspace, the last arriving block reduces
     if (splits > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        constexpr int TILE_F4 = WM * WN * MT * 8 * 32;
-        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + warp_mn * (MT * 8 * 32);
+        constexpr int TILE_F4 = WMN * MT * NB * 32;
+        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + warp_mn * (MT * NB * 32);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if (row_base + mt * 16 >= M) break;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                __stcg(mine + (mt * 8 + j) * 32 + lane,
+            for (int j = 0; j < NB; j++)
+                __stcg(mine + (mt * NB + j) * 32 + lane,
                        make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
         }
         __threadfence();
@@ -324,15 +340,15 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
         asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS));
         if (!s_last) return;
         __threadfence();
-        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + warp_mn * (MT * 8 * 32);
+        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + warp_mn * (MT * NB * 32);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if (row_base + mt * 16 >= M) break;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NB; j++) {
                 float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
                 for (int s = 0; s < splits; s++) { // fixed order: deterministic
-                    float4 v = __ldcg(all + (size_t)s * TILE_F4 + (mt * 8 + j) * 32 + lane);
+                    float4 v = __ldcg(all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane);
                     sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
                 }
                 acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;
@@ -352,11 +368,11 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
             const int row = row_base + mt * 16 + r + 8 * h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ && NH == 1) {
+                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
                 __align__(16) T out[16];
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+                for (int j = 0; j < NB; j++) {
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         int c = 16 * q + 8 * e + awq_order(j);
@@ -367,10 +383,21 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
                 }
                 reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
                 reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
+            } else if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                // half of the blocks: every other column of 16q .. 16q + 15
+#pragma unroll
+                for (int j = 0; j < NB; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int c = 16 * q + 8 * e + awq_order(j0 + j);
+                        float v = acc[mt][j][2 * h + e];
+                        if (bias) v += D::to_float(bias[col_base + c]);
+                        crow[c] = D::from_float(v);
+                    }
             } else {
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int c = 8 * j + 2 * q;
+                for (int j = 0; j < NB; j++) {
+                    int c = 8 * (j0 + j) + 2 * q;
                     float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
                     if (bias) {
                         v0 += D::to_float(bias[col_base + c]);
@@ -387,14 +414,14 @@ __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) gemm_kernel(const Gem
 }
 
 // Host-side launch of one instance; returns the CUDA error of the launch (no synchronisation).
-template <typename T, int LAYOUT, int MT, int WM, int WN, int WK, int KS, int MINB>
+template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
     constexpr int BM = 16 * MT * WM, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WM, WN, WK, KS, MINB>;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);
-    kern<<<grid, 32 * WM * WN * WK, smem_bytes, stream>>>(a);
+    kern<<<grid, 32 * WM * NH * WN * WK, smem_bytes, stream>>>(a);
     return cudaGetLastError();
 }
 

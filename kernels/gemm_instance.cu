@@ -17,8 +17,8 @@ namespace w4a16 {
 cudaError_t W4A16_NAME_(launch_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(const GemmArgs &a, int cfg, int splits,
                                                                           int smem, cudaStream_t s) {
     switch (cfg) {
-#define W4A16_CASE_(id, name, MT, WM, WN, WK, KS, MINB) \
-    case id: return launch_gemm<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, WN, WK, KS, MINB>(a, splits, smem, s);
+#define W4A16_CASE_(id, name, MT, WM, NH, WN, WK, KS, MINB) \
+    case id: return launch_gemm<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
         W4A16_GEMM_CONFIGS(W4A16_CASE_)
 #undef W4A16_CASE_
     }
@@ -26,8 +26,8 @@ cudaError_t W4A16_NAME_(launch_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(const
 }
 cudaError_t W4A16_NAME_(probe_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(int cfg, cudaFuncAttributes *attr) {
     switch (cfg) {
-#define W4A16_CASE_(id, name, MT, WM, WN, WK, KS, MINB) \
-    case id: return cudaFuncGetAttributes(attr, gemm_kernel<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, WN, WK, KS, MINB>);
+#define W4A16_CASE_(id, name, MT, WM, NH, WN, WK, KS, MINB) \
+    case id: return cudaFuncGetAttributes(attr, gemm_kernel<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>);
         W4A16_GEMM_CONFIGS(W4A16_CASE_)
 #undef W4A16_CASE_
     }
