@@ -57,7 +57,7 @@ TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
 CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
 GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
 
-.PHONY: all lib tests test bench bench-build install clean sass check-fat ptxas-report
+.PHONY: all lib tests test sanitize bench bench-build install clean sass check-fat ptxas-report
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
@@ -115,6 +115,16 @@ test: lib tests
 	$(BUILD)/test_api
 	$(BUILD)/test_reference
 	$(BUILD)/test_gpu
+
+# compute-sanitizer (on the GPU machine): memcheck, racecheck, initcheck, synccheck over the quick GPU suite
+SANITIZER ?= compute-sanitizer
+sanitize: lib tests
+	@for t in memcheck racecheck initcheck synccheck; do \
+	    echo "== compute-sanitizer --tool $$t"; \
+	    W4A16_TEST_QUICK=1 $(SANITIZER) --tool $$t --error-exitcode 1 $(BUILD)/test_gpu > $(BUILD)/sanitize_$$t.log 2>&1 \
+	        || { tail -40 $(BUILD)/sanitize_$$t.log; echo "sanitize: $$t FAILED"; exit 1; }; \
+	    grep -E "ERROR SUMMARY|PASSED|FAILED" $(BUILD)/sanitize_$$t.log; \
+	done
 
 # ---- benchmark (the main job)
 # Debian names the library by its SONAME (libbenchmark.so.1debian): copy it under that name next to the binary.

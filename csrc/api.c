@@ -37,10 +37,11 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     w4a16_status s = w4a16_current_device(&device, &st);
     if (s != W4A16_OK) return s;
     const w4a16_profile *p = st->profile;
-    const w4a16_tile_choice *tc = M <= p->small_max_m                 ? &p->small
-                                  : M <= p->mid_max_m                 ? &p->mid
-                                  : layout == W4A16_LAYOUT_MARLIN     ? &p->large
-                                                                      : &p->large_awq;
+    const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
+                                  : M <= p->mid_max_m             ? &p->mid
+                                  : M <= p->mid2_max_m            ? &p->mid2
+                                  : layout == W4A16_LAYOUT_MARLIN ? &p->large
+                                                                  : &p->large_awq;
     const w4a16_gemm_config *cfg = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
     const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;

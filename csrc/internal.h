@@ -25,8 +25,9 @@ typedef struct w4a16_profile {
     int arch;               /* compute capability * 10 it was tuned for */
     const char *fallback;   /* next profile in the chain, or NULL */
     int small_max_m;        /* M <= this: `small` */
-    int mid_max_m;          /* M <= this: `mid`, else `large` (Marlin layout) or `large_awq` */
-    w4a16_tile_choice small, mid, large, large_awq;
+    int mid_max_m;          /* M <= this: `mid` */
+    int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
+    w4a16_tile_choice small, mid, mid2, large, large_awq;
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

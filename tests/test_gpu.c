@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <time.h>
 #include <cmocka.h>
 
@@ -22,6 +23,7 @@ static cublasHandle_t blas;
 static void *workspace;
 static size_t workspace_bytes;
 static int sm_count;
+static int quick; /* W4A16_TEST_QUICK=1 (make sanitize): small shapes only, so the sanitizers finish in minutes */
 
 enum { PATH_AWQ = 0, PATH_MARLIN = 1 };
 static const char *path_name[] = {"awq", "marlin"};
@@ -116,7 +118,7 @@ static void test_gemm_m_sweep(void **state) {
     const int shapes[][2] = {{128, 64}, {384, 192}, {4096, 4096}};
     stats st = {0};
     for (int d = 0; d < 2; d++)
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < (quick ? 2 : 3); s++)
             for (int g = 0; g < 4; g++) {
                 int K = shapes[s][0], N = shapes[s][1], G = groups[g];
                 if (G > 0 && K % G) continue;
@@ -139,6 +141,10 @@ static void test_gemm_real_layers(void **state) {
     REQUIRE_GPU();
     const int ms[] = {1, 16, 64, 256, 1024};
     stats st = {0};
+    if (quick) {
+        printf("  SKIPPED in quick mode (W4A16_TEST_QUICK)\n");
+        skip();
+    }
     for (int i = 0; i < W4A16_NUM_LAYERS; i++) {
         const w4a16_layer *ly = &w4a16_layers[i];
         if (ly->family == 1) continue; /* the other full models share these shapes' regimes */
@@ -434,6 +440,7 @@ static int teardown(void **state) {
 
 int main(void) {
     seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (uint64_t)clock();
+    quick = getenv("W4A16_TEST_QUICK") && atoi(getenv("W4A16_TEST_QUICK"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_converters_bit_exact),
         cmocka_unit_test(test_small_against_cpu),
