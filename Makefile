@@ -115,6 +115,7 @@ test: lib tests
 	$(BUILD)/test_api
 	$(BUILD)/test_reference
 	$(BUILD)/test_gpu
+	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests
 
 # compute-sanitizer (on the GPU machine): memcheck, racecheck, initcheck, synccheck over the quick GPU suite,
 # on w4a16's kernels only (the cuBLAS reference kernels are not ours to check)
