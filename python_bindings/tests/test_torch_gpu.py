@@ -108,5 +108,6 @@ def test_mlp_example(dtype):
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     from mlp import run_mlp
-    err = run_mlp(dtype=dtype, tokens=16)
-    assert err < 0.05  # int4 quantisation error of a random MLP, against its fp16/bf16 original
+    e_deq, e_float = run_mlp(dtype=dtype, tokens=16)
+    assert e_deq < (2e-2 if dtype == torch.bfloat16 else 1e-2)  # the kernels reproduce the dequantised MLP
+    assert 0.03 < e_float < 0.2  # and the int4 quantisation error is what int4 gives (about 11% here)
