@@ -344,7 +344,9 @@ static void test_selfref_workspace_too_small(void **state) {
     REQUIRE_GPU();
     gpu_layer L;
     gpu_layer_make(&L, 512, 256, 128, W4A16_FP16, 0, 1, &seed);
-    void *A = gpu_alloc(2 * 512), *C = gpu_alloc(2 * 256);
+    uint16_t hA[512];
+    fill_random_half(hA, 512, -1.f, 1.f, W4A16_FP16, &seed);
+    void *A = gpu_upload(hA, sizeof hA), *C = gpu_alloc(2 * 256);
     GPU_CHECK(cudaMemset(C, 0x5A, 2 * 256));
     w4a16_status s = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16,
                                     workspace, workspace_bytes - 16, NULL);
