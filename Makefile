@@ -154,7 +154,7 @@ install: lib $(BUILD)/w4a16-doctor
 	ln -sf libw4a16.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libw4a16.so
 	install -m 644 $(BUILD)/libw4a16.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(BUILD)/w4a16.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' w4a16.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/w4a16.pc
 	install -m 755 $(BUILD)/w4a16-doctor $(DESTDIR)$(PREFIX)/bin/
 
 # ---- inspection (cuobjdump from the toolkit, or from PyPI via tools/install-deps)
