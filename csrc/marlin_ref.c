@@ -2,28 +2,9 @@
 #include "reference.h"
 #include "../kernels/marlin_index.h"
 
-static uint32_t awq_nibble(const int32_t *packed, int row, int N, int n) {
-    return ((uint32_t)packed[(size_t)row * (N / 8) + n / 8] >> (4 * w4a16_awq_reverse(n % 8))) & 0xFu;
-}
-
 static void repack(const int32_t *in, const int32_t *perm, int K, int N, int is_gptq, int32_t *out) {
     for (int kt = 0; kt < K / 16; kt++)
-        for (int w = 0; w < 2 * N; w++) {
-            uint32_t res = 0;
-            for (int t = 0; t < 8; t++) {
-                int k, n;
-                w4a16_marlin_source(kt, w, t, &k, &n);
-                uint32_t v;
-                if (is_gptq) {
-                    int src = perm ? perm[k] : k;
-                    v = ((uint32_t)in[(size_t)(src / 8) * N + n] >> (4 * (src % 8))) & 0xFu;
-                } else {
-                    v = awq_nibble(in, k, N, n);
-                }
-                res |= v << (4 * t);
-            }
-            out[(size_t)kt * 2 * N + w] = (int32_t)res;
-        }
+        for (int w = 0; w < 2 * N; w++) out[(size_t)kt * 2 * N + w] = (int32_t)w4a16_marlin_word(in, perm, kt, w, N, is_gptq);
 }
 
 void w4a16_ref_marlin_repack_awq(const int32_t *awq_qweight, int K, int N, int32_t *out) {
@@ -47,7 +28,8 @@ void w4a16_ref_marlin_awq_zero_points(const int32_t *awq_qzeros, int K, int N, i
     for (int g = 0; g < rows; g++)
         for (int w = 0; w < N / 8; w++) {
             uint32_t res = 0;
-            for (int t = 0; t < 8; t++) res |= awq_nibble(awq_qzeros, g, N, w4a16_marlin_zero_source(w, t)) << (4 * t);
+            for (int t = 0; t < 8; t++)
+                res |= w4a16_source_nibble(awq_qzeros, NULL, g, w4a16_marlin_zero_source(w, t), N, 0) << (4 * t);
             out[(size_t)g * (N / 8) + w] = (int32_t)res;
         }
 }

@@ -36,26 +36,11 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
 }
 
 // ---- Marlin weight: one thread per output word; index maps in marlin_index.h.
-__global__ void repack_kernel(const uint32_t *__restrict__ in, const int32_t *__restrict__ perm,
+__global__ void repack_kernel(const int32_t *__restrict__ in, const int32_t *__restrict__ perm,
                               uint32_t *__restrict__ out, int K, int N, int is_gptq) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)(K / 16) * 2 * N) return;
-    int kt = (int)(idx / (2 * N)), w = (int)(idx % (2 * N));
-    uint32_t res = 0;
-#pragma unroll
-    for (int t = 0; t < 8; t++) {
-        int k, n;
-        w4a16_marlin_source(kt, w, t, &k, &n);
-        uint32_t v;
-        if (is_gptq) {
-            int src = perm ? perm[k] : k;
-            v = (in[(size_t)(src / 8) * N + n] >> (4 * (src % 8))) & 0xF;
-        } else {
-            v = (in[(size_t)k * (N / 8) + n / 8] >> (4 * awq_reverse(n % 8))) & 0xF;
-        }
-        res |= v << (4 * t);
-    }
-    out[idx] = res;
+    out[idx] = w4a16_marlin_word(in, perm, (int)(idx / (2 * N)), (int)(idx % (2 * N)), N, is_gptq);
 }
 
 // ---- scales and zero points: index maps in marlin_index.h.
@@ -67,18 +52,14 @@ __global__ void permute_scales_kernel(const uint16_t *__restrict__ in, uint16_t 
     out[idx] = in[(size_t)g * N + w4a16_marlin_scale_source(pos, channelwise)];
 }
 
-__global__ void awq_zero_points_kernel(const uint32_t *__restrict__ in, uint32_t *__restrict__ out, int rows, int N) {
+__global__ void awq_zero_points_kernel(const int32_t *__restrict__ in, uint32_t *__restrict__ out, int rows, int N) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int words = N / 8;
     if (idx >= (long long)rows * words) return;
     int g = (int)(idx / words), w = (int)(idx % words);
     uint32_t res = 0;
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
-        int col = w4a16_marlin_zero_source(w, t);
-        uint32_t v = (in[(size_t)g * words + col / 8] >> (4 * awq_reverse(col % 8))) & 0xF;
-        res |= v << (4 * t);
-    }
+    for (int t = 0; t < 8; t++) res |= w4a16_source_nibble(in, nullptr, g, w4a16_marlin_zero_source(w, t), N, 0) << (4 * t);
     out[idx] = res;
 }
 
@@ -142,7 +123,7 @@ extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scal
 extern "C" int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream) {
     long long n = (long long)(K / 16) * 2 * N;
     repack_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        reinterpret_cast<const uint32_t *>(in), nullptr, reinterpret_cast<uint32_t *>(out), K, N, 0);
+        in, nullptr, reinterpret_cast<uint32_t *>(out), K, N, 0);
     return cudaGetLastError();
 }
 
@@ -150,7 +131,7 @@ extern "C" int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *perm, 
                                         void *stream) {
     long long n = (long long)(K / 16) * 2 * N;
     repack_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        reinterpret_cast<const uint32_t *>(in), perm, reinterpret_cast<uint32_t *>(out), K, N, 1);
+        in, perm, reinterpret_cast<uint32_t *>(out), K, N, 1);
     return cudaGetLastError();
 }
 
@@ -164,7 +145,7 @@ extern "C" int w4a16_launch_permute_scales(const void *in, void *out, int rows, 
 extern "C" int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *stream) {
     long long n = (long long)rows * (N / 8);
     awq_zero_points_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        reinterpret_cast<const uint32_t *>(in), reinterpret_cast<uint32_t *>(out), rows, N);
+        in, reinterpret_cast<uint32_t *>(out), rows, N);
     return cudaGetLastError();
 }
 

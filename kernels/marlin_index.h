@@ -3,6 +3,8 @@
  * check both against an independent, literal implementation of the format's reshape/permute steps. */
 #ifndef W4A16_MARLIN_INDEX_H
 #define W4A16_MARLIN_INDEX_H
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define W4A16_HD __host__ __device__ __forceinline__
@@ -35,6 +37,27 @@ W4A16_HD int w4a16_marlin_scale_source(int pos, int channelwise) {
     }
     int h = pos / 64, p = pos % 64;
     return 64 * h + p / 8 + 8 * (p % 8);
+}
+
+/* Nibble (k, n) of a packed source: AWQ [K, N/8] packed along N, or GPTQ [K/8, N] packed along K, whose row k
+ * is source row perm[k] when perm is given (act-order). */
+W4A16_HD uint32_t w4a16_source_nibble(const int32_t *in, const int32_t *perm, int k, int n, int N, int is_gptq) {
+    if (is_gptq) {
+        int src = perm ? perm[k] : k;
+        return ((uint32_t)in[(size_t)(src / 8) * N + n] >> (4 * (src % 8))) & 0xFu;
+    }
+    return ((uint32_t)in[(size_t)k * (N / 8) + n / 8] >> (4 * w4a16_awq_reverse(n % 8))) & 0xFu;
+}
+
+/* One Marlin weight word (row kt, word w) gathered from a packed source. */
+W4A16_HD uint32_t w4a16_marlin_word(const int32_t *in, const int32_t *perm, int kt, int w, int N, int is_gptq) {
+    uint32_t res = 0;
+    for (int t = 0; t < 8; t++) {
+        int k, n;
+        w4a16_marlin_source(kt, w, t, &k, &n);
+        res |= w4a16_source_nibble(in, perm, k, n, N, is_gptq) << (4 * t);
+    }
+    return res;
 }
 
 /* Marlin zero points (from AWQ): nibble t of word w of a row holds the zero of this column. */
