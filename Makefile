@@ -57,7 +57,7 @@ TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
 CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
 GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
 
-.PHONY: all lib tests test sanitize bench bench-build install clean sass check-fat ptxas-report
+.PHONY: all lib tests test test-arch-mismatch sanitize fuzz bench bench-build install clean sass check-fat ptxas-report
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
@@ -94,7 +94,7 @@ $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref
 
 # ---- tests
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
-TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_gpu
+TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_gpu $(BUILD)/test_threads
 tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0
 
 $(BUILD)/libcmocka.so.0:
@@ -110,11 +110,15 @@ $(BUILD)/test_reference: tests/test_reference.c tests/marlin_literal.h $(BUILD)/
 $(BUILD)/test_gpu: tests/test_gpu.c tests/gpu_util.h tests/cases.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
 
+$(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS) -lpthread
+
 # The README's test command. GPU tests skip, saying why, when no GPU is present.
 test: lib tests
 	$(BUILD)/test_api
 	$(BUILD)/test_reference
 	$(BUILD)/test_gpu
+	$(BUILD)/test_threads
 	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests
 
 # compute-sanitizer (on the GPU machine): memcheck over the quick GPU suite; racecheck, initcheck and synccheck over
@@ -129,6 +133,25 @@ sanitize: lib tests
 	        || { tail -40 $(BUILD)/sanitize_$$t.log; echo "sanitize: $$t FAILED"; exit 1; }; \
 	    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $(BUILD)/sanitize_$$t.log; \
 	done
+
+# a library built only for sm_80 (no PTX) must refuse a newer GPU with a clear status (GPU machine; skips elsewhere)
+test-arch-mismatch:
+	$(MAKE) BUILD=build-sm80 ARCHS=80 PTX_ARCH= lib build-sm80/w4a16-doctor
+	tests/arch_mismatch.sh build-sm80
+
+# ---- fuzzing (clang + libFuzzer, no GPU needed): the host validation and the CPU packers
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 30
+$(BUILD)/fuzz_api: tests/fuzz_api.c tests/fuzz_stubs.c $(LIB_C) $(REF_C) include/w4a16.h csrc/internal.h csrc/reference.h
+	@mkdir -p $(BUILD)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude $(CUDA_INC) \
+	    -D_GNU_SOURCE -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' \
+	    tests/fuzz_api.c tests/fuzz_stubs.c $(LIB_C) $(REF_C) -o $@ $(CUDART_STATIC) -lm
+fuzz: $(BUILD)/fuzz_api
+	@mkdir -p $(BUILD)/fuzz_corpus
+	$(BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -max_len=96 -print_final_stats=1 $(BUILD)/fuzz_corpus \
+	    > $(BUILD)/fuzz.log 2>&1 || { tail -40 $(BUILD)/fuzz.log; echo "fuzz: FAILED (input saved as crash-* in .)"; exit 1; }
+	@grep -E "stat::number_of_executed_units|stat::new_units_added" $(BUILD)/fuzz.log; echo "fuzz: no failure in $(FUZZ_SECONDS) s"
 
 # ---- benchmark (the main job)
 # Debian names the library by its SONAME (libbenchmark.so.1debian): copy it under that name next to the binary.

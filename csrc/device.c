@@ -105,10 +105,19 @@ static int has_native_sass(int arch) {
 }
 
 /* ---------------------------------------------------------------- driver */
-static w4a16_status check_driver(void) {
+/* W4A16_FAKE_DRIVER_VERSION (e.g. 12020) replaces the driver's answer: a documented testing override, so the
+ * driver-too-old path can be exercised on any machine. */
+static int driver_version(void) {
+    const char *fake = getenv("W4A16_FAKE_DRIVER_VERSION");
+    if (fake && *fake) return atoi(fake);
     int drv = 0;
-    cudaError_t e = cudaDriverGetVersion(&drv);
-    if (e != cudaSuccess || drv == 0)
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+    return drv;
+}
+
+static w4a16_status check_driver(void) {
+    int drv = driver_version();
+    if (drv == 0)
         return w4a16_fail(W4A16_ERR_NO_DEVICE, "no NVIDIA driver found (libcuda.so.1 could not be loaded)");
     if (drv < CUDART_VERSION)
         return w4a16_fail(W4A16_ERR_DRIVER_TOO_OLD,
@@ -256,7 +265,7 @@ w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info) {
     memset(info, 0, sizeof *info);
     info->device = device;
     info->runtime_version = CUDART_VERSION;
-    cudaDriverGetVersion(&info->driver_version);
+    info->driver_version = driver_version();
     if (device < 0) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "device=%d is negative", device);
     w4a16_status s = resolve_device(&device);
     if (s != W4A16_OK) {

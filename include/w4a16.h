@@ -118,7 +118,8 @@ W4A16_API w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info
 
 /* Force the tuning profile for the current device: "sm80", "sm86", "sm89", "sm90", "sm100", "sm120",
  * "sm121", or NULL / "" / "auto" for automatic choice. The environment variable W4A16_PROFILE does
- * the same at first use; W4A16_LOG=1 prints every choice on stderr.
+ * the same at first use; W4A16_LOG=1 prints every choice on stderr. (Testing override:
+ * W4A16_FAKE_DRIVER_VERSION=12020 makes w4a16 act as if the driver supported only CUDA 12.2.)
  * Returns W4A16_ERR_INVALID_VALUE for an unknown name, W4A16_ERR_PROFILE_UNAVAILABLE when the
  * profile's tiles need more shared memory than the device has (the previous choice stays). */
 W4A16_API w4a16_status w4a16_force_profile(const char *name);

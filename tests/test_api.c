@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -170,6 +171,20 @@ static void test_last_error_is_thread_local(void **state) {
     assert_non_null(strstr(w4a16_last_error_message(), "group_size=48")); /* ours is unchanged */
 }
 
+/* A driver older than the build needs is reported with both versions, before anything else is tried. */
+static void test_driver_too_old(void **state) {
+    (void)state;
+    setenv("W4A16_FAKE_DRIVER_VERSION", "12020", 1);
+    size_t bytes = 0;
+    EXPECT(w4a16_workspace_size(&bytes), W4A16_ERR_DRIVER_TOO_OLD, "supports CUDA 12.2 but this build of w4a16 needs CUDA 13.0");
+    EXPECT(w4a16_awq_gemm(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, W4A16_FP16, NULL, 0, NULL),
+           W4A16_ERR_DRIVER_TOO_OLD, "driver >= 580");
+    w4a16_device_info info;
+    EXPECT(w4a16_get_device_info(0, &info), W4A16_ERR_DRIVER_TOO_OLD, "CUDA 12.2");
+    assert_int_equal(info.driver_version, 12020);
+    unsetenv("W4A16_FAKE_DRIVER_VERSION");
+}
+
 /* Without a GPU every valid call says so; with one, test_gpu covers the device paths. */
 static void test_no_device_is_reported(void **state) {
     (void)state;
@@ -193,6 +208,7 @@ int main(void) {
         cmocka_unit_test(test_converter_validation),
         cmocka_unit_test(test_introspection_validation),
         cmocka_unit_test(test_last_error_is_thread_local),
+        cmocka_unit_test(test_driver_too_old),
         cmocka_unit_test(test_no_device_is_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -211,6 +211,62 @@ static void test_forced_profiles(void **state) {
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
 }
 
+/* 64-bit indexing: A has M*K > 2^31 elements (4.6 GB). Rows repeat with a period of 997 (so the data needs no 4 GB
+ * of host random numbers); 997 does not divide the 131072 rows a 32-bit wrap would skip, so a wrapped index reads
+ * different data and the comparison with cuBLAS fails. */
+static void test_large_mk(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (quick) {
+        printf("  SKIPPED in quick mode (W4A16_TEST_QUICK)\n");
+        skip();
+    }
+    const int M = 70000, K = 32768, N = 64, P = 997;
+    size_t freeb = 0, totalb = 0;
+    GPU_CHECK(cudaMemGetInfo(&freeb, &totalb));
+    if (freeb < (size_t)6 << 30) {
+        printf("  SKIPPED: needs 6 GB of free GPU memory\n");
+        skip();
+    }
+    gpu_layer L;
+    gpu_layer_make(&L, K, N, 128, W4A16_FP16, 0, 1, &seed);
+    uint16_t *hA = malloc((size_t)P * K * 2);
+    fill_random_half(hA, (size_t)P * K, -1.f, 1.f, W4A16_FP16, &seed);
+    uint16_t *A = gpu_alloc((size_t)M * K * 2);
+    for (int r = 0; r < M; r += P) {
+        int rows = M - r < P ? M - r : P;
+        GPU_CHECK(cudaMemcpy(A + (size_t)r * K, hA, (size_t)rows * K * 2, cudaMemcpyHostToDevice));
+    }
+    float *ref = gpu_alloc((size_t)M * N * 4), *href = malloc((size_t)M * N * 4);
+    uint16_t *C = gpu_alloc((size_t)M * N * 2), *hC = malloc((size_t)M * N * 2);
+    cublas_gemm(blas, A, L.dense, ref, M, N, K, W4A16_FP16, CUDA_R_32F);
+    GPU_CHECK(cudaMemcpy(href, ref, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+    for (int path = 0; path < 2; path++) {
+        GPU_CHECK(cudaMemset(C, 0xFF, (size_t)M * N * 2));
+        if (path == PATH_AWQ)
+            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, M, N, K, 128, W4A16_FP16, workspace,
+                                    workspace_bytes, NULL));
+        else
+            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, N, K, 128, W4A16_FP16, workspace,
+                                       workspace_bytes, NULL));
+        GPU_CHECK(cudaMemcpy(hC, C, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0, tail_num = 0, tail_den = 0;
+        for (size_t i = 0; i < (size_t)M * N; i++) {
+            double c = w4a16_ref_to_float(hC[i], W4A16_FP16), d = (c - href[i]) * (c - href[i]);
+            if (isnan(c)) fail_msg("%s: output %zu not written", path_name[path], i);
+            num += d;
+            den += (double)href[i] * href[i];
+            if (i / N >= 65536) { tail_num += d; tail_den += (double)href[i] * href[i]; } /* rows past 2^31 elements */
+        }
+        printf("  %s M=%d K=%d (M*K = %.2e): relative error %.2e, rows past 2^31 elements %.2e\n", path_name[path], M,
+               K, (double)M * K, sqrt(num / den), sqrt(tail_num / tail_den));
+        assert_true(sqrt(num / den) < 1e-2 && sqrt(tail_num / tail_den) < 1e-2);
+    }
+    cudaFree(A); cudaFree(ref); cudaFree(C);
+    free(hA); free(href); free(hC);
+    gpu_layer_free(&L);
+}
+
 /* Bias, and no workspace (no K split). */
 static void test_bias_and_no_workspace(void **state) {
     (void)state;
@@ -457,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_marlin_gptq),
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_bias_and_no_workspace),
+        cmocka_unit_test(test_large_mk),
         cmocka_unit_test(test_selfref_workspace_too_small),
         cmocka_unit_test(test_selfref_streams_and_graphs),
     };

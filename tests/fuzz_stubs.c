@@ -1,0 +1,21 @@
+/* Stand-ins for the CUDA kernels (kernels/launch.h) in the fuzz build, which compiles the host sources with clang
+ * and sanitizers. The fuzz target hides every GPU, so validation stops before these could be reached; if one ever
+ * is, the fuzzer aborts and reports the input. */
+#include <stdlib.h>
+#include "../kernels/launch.h"
+
+int w4a16_launch_gemm(const w4a16_gemm_launch *a) { (void)a; abort(); }
+int w4a16_probe_gemm(int dtype, int layout, int cfg, int *bv) { (void)dtype; (void)layout; (void)cfg; (void)bv; abort(); }
+int w4a16_launch_awq_dequant(const int32_t *q, const void *s, const int32_t *z, void *W, int K, int N, int G, int dt,
+                             void *st) { (void)q; (void)s; (void)z; (void)W; (void)K; (void)N; (void)G; (void)dt; (void)st; abort(); }
+int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *st) { (void)in; (void)out; (void)K; (void)N; (void)st; abort(); }
+int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *p, int32_t *out, int K, int N, void *st) {
+    (void)in; (void)p; (void)out; (void)K; (void)N; (void)st; abort();
+}
+int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int cw, void *st) {
+    (void)in; (void)out; (void)rows; (void)N; (void)cw; (void)st; abort();
+}
+int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *st) {
+    (void)in; (void)out; (void)rows; (void)N; (void)st; abort();
+}
+const char *w4a16_kernel_arch_list(void) { return ""; }
