@@ -43,7 +43,13 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
                                   : layout == W4A16_LAYOUT_MARLIN ? &p->large
                                                                   : &p->large_awq;
     const w4a16_gemm_config *cfg = w4a16_config(tc->cfg);
-    const int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
+    int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
+    if (tc == &p->small && (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn) < 2LL * st->sm_count) {
+        tc = &p->small_split; /* K will be split across blocks: the deeper stage amortises its fixed costs better */
+        cfg = w4a16_config(tc->cfg);
+        bm = w4a16_cfg_bm(cfg);
+        bn = w4a16_cfg_bn(cfg);
+    }
     const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);

@@ -27,18 +27,20 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 #undef W4A16_CFG_ROW_
 };
 
-/* name, arch, fallback, small/mid/mid2 max M, {cfg, stages} for small / mid / mid2 / large M (Marlin, AWQ layout).
+/* name, arch, fallback, small/mid/mid2 max M, {cfg, stages} for small / mid / mid2 / large M (Marlin, AWQ layout),
+ * and for small M when the tiles leave the GPU under-filled so K is split across blocks (measured on the H100:
+ * 8 k16 steps per warp-stage win 5-20% there and lose 8-21% on large-N layers; the 100 KB parts keep cfg0).
  * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 27.3 KB, cfg2/3 26.3 KB, cfg4 13.6 KB. The decode config
  * takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
  * take one stage less for the larger tiles. */
 static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}},
-    {"sm86", 86, "sm80", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}},
-    {"sm89", 89, "sm86", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}},
-    {"sm90", 90, "sm80", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}},
-    {"sm100", 100, "sm90", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}},
-    {"sm120", 120, "sm89", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}},
-    {"sm121", 121, "sm120", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}},
+    {"sm80", 80, NULL, 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
+    {"sm86", 86, "sm80", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
+    {"sm89", 89, "sm86", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
+    {"sm90", 90, "sm80", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
+    {"sm100", 100, "sm90", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
+    {"sm120", 120, "sm89", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
+    {"sm121", 121, "sm120", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
 };
 enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
 
@@ -65,9 +67,9 @@ static int choice_smem(const w4a16_tile_choice *c) {
 }
 
 int w4a16_profile_smem_bytes(const w4a16_profile *p) {
-    const w4a16_tile_choice *all[] = {&p->small, &p->mid, &p->mid2, &p->large, &p->large_awq};
+    const w4a16_tile_choice *all[] = {&p->small, &p->mid, &p->mid2, &p->large, &p->large_awq, &p->small_split};
     int r = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         int b = choice_smem(all[i]);
         r = b > r ? b : r;
     }

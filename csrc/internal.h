@@ -24,10 +24,10 @@ typedef struct w4a16_profile {
     const char *name;       /* "sm90" */
     int arch;               /* compute capability * 10 it was tuned for */
     const char *fallback;   /* next profile in the chain, or NULL */
-    int small_max_m;        /* M <= this: `small` */
+    int small_max_m;        /* M <= this: `small`, or `small_split` when its tiles fill fewer than 2 blocks per SM */
     int mid_max_m;          /* M <= this: `mid` */
     int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
-    w4a16_tile_choice small, mid, mid2, large, large_awq;
+    w4a16_tile_choice small, mid, mid2, large, large_awq, small_split;
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

@@ -18,9 +18,10 @@
     X(1, "m64n128k128h", 4, 1, 2, 2, 2, 4, 1) /* M 17-64: 8 warps of 64x32, 2-way K split */                    \
     X(2, "m128n256k64h", 8, 1, 2, 4, 1, 4, 1) /* large M, Marlin: 8 warps of 128x32: a B fragment feeds 8 m16 tiles */ \
     X(3, "m128n256k64", 4, 2, 1, 4, 1, 4, 1)  /* large M, AWQ: 8 warps of 64x64 (16-byte C stores, fewer A loads) */ \
-    X(4, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)   /* M 65-256: 4 warps of 64x64, 2-way K split, 2 blocks/SM by regs */
+    X(4, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)   /* M 65-256: 4 warps of 64x64, 2-way K split, 2 blocks/SM by regs */ \
+    X(5, "m16n128k256", 1, 1, 1, 2, 2, 8, 3)  /* decode when K is split across blocks: 8 k16 steps per warp-stage */
 
-enum { W4A16_NUM_GEMM_CONFIGS = 5 };
+enum { W4A16_NUM_GEMM_CONFIGS = 6 };
 
 /* Weight layouts the GEMM kernel reads. */
 enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
