@@ -95,3 +95,19 @@ def test_quantize_error_bound():
     err = np.abs(d - w) / np.repeat(s.astype(np.float32), 128, axis=0)
     assert 0.3 < err.max() <= 1.02
 
+
+
+def test_vllm_plugin_without_vllm(monkeypatch):
+    from w4a16 import vllm_plugin
+    monkeypatch.setenv("W4A16_VLLM", "0")
+    assert vllm_plugin.register() is False          # opted out
+    monkeypatch.setenv("W4A16_VLLM", "1")
+    import importlib.util
+    if importlib.util.find_spec("vllm") is None:
+        assert vllm_plugin.register() is False      # nothing to patch, and no error
+
+
+def test_vllm_plugin_entry_point_declared():
+    text = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read()
+    assert '[project.entry-points."vllm.general_plugins"]' in text
+    assert 'w4a16 = "w4a16.vllm_plugin:register"' in text

@@ -111,3 +111,41 @@ def test_mlp_example(dtype):
     e_deq, e_float = run_mlp(dtype=dtype, tokens=16)
     assert e_deq < (2e-2 if dtype == torch.bfloat16 else 1e-2)  # the kernels reproduce the dequantised MLP
     assert 0.03 < e_float < 0.2  # and the int4 quantisation error is what int4 gives (about 11% here)
+
+
+class _ScalarType:  # stand-in for vllm.scalar_type.ScalarType
+    def __init__(self, name):
+        self.name, self.size_bits = name, 4
+
+
+def test_vllm_adapters_against_a_stand_in_module():
+    """install() on a namespace with vLLM's op names: w4a16 serves the supported cases, the originals the rest."""
+    import types
+
+    from w4a16 import vllm_plugin
+    calls = []
+
+    def original_gemm(*args):
+        calls.append("original")
+        return "original"
+    ops = types.SimpleNamespace(awq_gemm=None, awq_dequantize=None, awq_marlin_repack=None, gptq_marlin_repack=None,
+                                gptq_marlin_gemm=original_gemm)
+    assert vllm_plugin.install(ops) == list(vllm_plugin.PATCHED_OPS)
+    K, N, G, M = 512, 256, 128, 3
+    qw, qz, s = make_awq(K, N, G, torch.float16)
+    x = torch.randn(M, K, device="cuda").half()
+    ref = x.float() @ wt.awq_dequantize(qw, s, qz, 0, 0, 0).float()
+    assert rel(ops.awq_gemm(x, qw, s, qz, 8), ref) < 1e-2
+    mw = ops.awq_marlin_repack(qw, K, N, 4)
+    ms = wt.marlin_permute_scales(s, K, N, G)
+    mz = wt.awq_to_marlin_zero_points(qz, K // G, N, 4)
+    empty = torch.empty(0, dtype=torch.int32, device="cuda")
+    ws = torch.zeros(1024, dtype=torch.int32, device="cuda")
+    y = ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, empty, empty, ws, _ScalarType("uint4"), M, N, K, True,
+                             False, False, False)
+    assert rel(y, ref) < 1e-2 and calls == []
+    # act-order (g_idx) goes to vLLM's own kernel
+    g_idx = torch.zeros(K, dtype=torch.int32, device="cuda")
+    assert ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, g_idx, g_idx, ws, _ScalarType("uint4"), M, N, K,
+                                True, False, False, False) == "original"
+    assert calls == ["original"]
