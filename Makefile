@@ -43,7 +43,7 @@ CXXFLAGS += -std=c++17 -Wall -fPIC $(CUDA_INC)
 NVFLAGS  ?= -O3 -lineinfo
 NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177
 
-LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c
+LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c
 REF_C    := csrc/reference.c csrc/marlin_ref.c
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o \
             $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o))

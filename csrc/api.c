@@ -186,3 +186,20 @@ w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *ma
     return launch_status(w4a16_launch_awq_zero_points(awq_qzeros, marlin_zeros, K / G, N, stream),
                          "w4a16_marlin_awq_zero_points");
 }
+
+w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K, w4a16_dtype dtype,
+                                w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+        (s = w4a16_check_ptr(perm, "perm", 4, 1)) || (s = w4a16_check_ptr(A_out, "A_out", 16, 1)))
+        return s;
+    if (A == A_out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "A and A_out are the same buffer (%p)", A);
+    if (M < 1 || K < 1) return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d and K=%d must be at least 1", M, K);
+    if ((long long)M * K > (1LL << 40))
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "A[M,K] has %d x %d elements, more than 2^40", M, K);
+    if ((s = w4a16_current_device(&device, &st))) return s;
+    return launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K, stream), "w4a16_permute_cols");
+}

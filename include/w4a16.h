@@ -185,12 +185,29 @@ W4A16_API w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros,
                                                     int32_t *marlin_zeros, int K, int N,
                                                     int group_size, w4a16_stream_t stream);
 
+/* Act-order GPTQ (desc_act), whole K (is_k_full): sort the rows by group once at load time, repack with the
+ * permutation, and permute the activation columns the same way before each GEMM:
+ *   w4a16_act_order_sort(g_idx, K, G, perm, sorted)    host, once      -> perm = stable argsort(g_idx)
+ *   w4a16_marlin_repack_gptq(qweight, d_perm, ...)     device, once
+ *   w4a16_permute_cols(A, d_perm, A_sorted, M, K, ...) device, per call -> then w4a16_marlin_gemm(A_sorted, ...)
+ * After sorting, row k belongs to group k / G exactly when every group holds G rows, which is what a whole-K
+ * checkpoint has; w4a16_act_order_sort checks it and returns W4A16_ERR_NOT_IMPLEMENTED otherwise (a row-parallel
+ * shard, is_k_full = false, whose groups are cut: not supported yet).
+ * w4a16_act_order_sort: host arrays; g_idx [K] values in [0, K/G); perm and sorted_g_idx [K] outputs (sorted_g_idx
+ * may be NULL). Returns W4A16_OK, W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE, W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
+ * W4A16_ERR_INVALID_VALUE (a g_idx value out of range) or W4A16_ERR_NOT_IMPLEMENTED (groups not whole). */
+W4A16_API w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, int32_t *perm,
+                                            int32_t *sorted_g_idx);
+/* A_out[m, k] = A[m, perm[k]] (device; A and A_out 16-byte aligned, distinct; perm a device int32 [K]). */
+W4A16_API w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K,
+                                          w4a16_dtype dtype, w4a16_stream_t stream);
+
 /* w4a16_marlin_gemm: C[M,N] = A[M,K] * dequant(marlin_weight, marlin_scales[, marlin_zeros]) (+ bias).
  * marlin_zeros != NULL: weight type uint4 with zero points (AWQ): W = (q - z) * s.
  * marlin_zeros == NULL: symmetric uint4b8 (GPTQ): W = (q - 8) * s.
  * Preconditions: M >= 1; N a multiple of 64; K a multiple of 128 and of G; G in {32, 64, 128, -1};
  * alignment and workspace as for w4a16_awq_gemm.
- * Act-order GPTQ (g_idx) is not supported yet: see the README. */
+ * Act-order GPTQ: see w4a16_act_order_sort above (whole K only). */
 W4A16_API w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight,
                                          const void *marlin_scales, const int32_t *marlin_zeros,
                                          const void *bias, void *C, int M, int N, int K,

@@ -63,6 +63,16 @@ __global__ void awq_zero_points_kernel(const int32_t *__restrict__ in, uint32_t 
     out[idx] = res;
 }
 
+// ---- act-order: A_out[m, k] = A[m, perm[k]], one 16-bit element per thread (bandwidth-bound, M x K).
+__global__ void permute_cols_kernel(const uint16_t *__restrict__ A, const int32_t *__restrict__ perm,
+                                    uint16_t *__restrict__ out, int M, int K) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)M * K) return;
+    long long m = idx / K;
+    int k = (int)(idx % K);
+    out[idx] = A[m * K + perm[k]];
+}
+
 static unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 } // namespace w4a16
@@ -139,6 +149,13 @@ extern "C" int w4a16_launch_permute_scales(const void *in, void *out, int rows, 
     long long n = (long long)rows * N;
     permute_scales_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const uint16_t *>(in), static_cast<uint16_t *>(out), rows, N, channelwise);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K, void *stream) {
+    long long n = (long long)M * K;
+    permute_cols_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint16_t *>(A), perm, static_cast<uint16_t *>(out), M, K);
     return cudaGetLastError();
 }
 

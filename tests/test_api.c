@@ -171,6 +171,41 @@ static void test_last_error_is_thread_local(void **state) {
     assert_non_null(strstr(w4a16_last_error_message(), "group_size=48")); /* ours is unchanged */
 }
 
+/* Act-order: the permutation sorts rows by group, stably, and only whole groups are accepted. */
+static void test_act_order_sort(void **state) {
+    (void)state;
+    enum { K = 512, G = 128 };
+    int32_t g_idx[K], perm[K], sorted[K];
+    uint64_t x = 88172645463325252ull;
+    int pos[K];
+    for (int k = 0; k < K; k++) pos[k] = k;
+    for (int k = K - 1; k > 0; k--) { /* desc_act: group of a row = its rank in activation order / G */
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int j = (int)(x % (uint64_t)(k + 1)), t = pos[k];
+        pos[k] = pos[j];
+        pos[j] = t;
+    }
+    for (int k = 0; k < K; k++) g_idx[k] = pos[k] / G;
+    assert_int_equal(w4a16_act_order_sort(g_idx, K, G, perm, sorted), W4A16_OK);
+    int seen[K] = {0};
+    for (int k = 0; k < K; k++) {
+        seen[perm[k]]++;
+        assert_int_equal(g_idx[perm[k]], k / G);      /* sorted by group */
+        assert_int_equal(sorted[k], k / G);
+        if (k % G) assert_true(perm[k] > perm[k - 1]); /* stable inside a group */
+    }
+    for (int k = 0; k < K; k++) assert_int_equal(seen[k], 1);
+    g_idx[7] = 4; /* out of range */
+    EXPECT(w4a16_act_order_sort(g_idx, K, G, perm, NULL), W4A16_ERR_INVALID_VALUE, "g_idx[7]=4 is outside [0, K/G=4)");
+    for (int k = 0; k < K; k++) g_idx[k] = k / G;
+    g_idx[0] = 1; /* group 0 cut short, as in a row-parallel shard */
+    EXPECT(w4a16_act_order_sort(g_idx, K, G, perm, NULL), W4A16_ERR_NOT_IMPLEMENTED, "is_k_full=false");
+    EXPECT(w4a16_act_order_sort(NULL, K, G, perm, NULL), W4A16_ERR_NULL_POINTER, "g_idx is NULL");
+    EXPECT(w4a16_permute_cols(bufA, (const int32_t *)bufZ, bufA, 4, 64, W4A16_FP16, NULL), W4A16_ERR_INVALID_VALUE,
+           "same buffer");
+    EXPECT(w4a16_permute_cols(bufA, NULL, bufC, 4, 64, W4A16_FP16, NULL), W4A16_ERR_NULL_POINTER, "perm is NULL");
+}
+
 /* A driver older than the build needs is reported with both versions, before anything else is tried. */
 static void test_driver_too_old(void **state) {
     (void)state;
@@ -208,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_converter_validation),
         cmocka_unit_test(test_introspection_validation),
         cmocka_unit_test(test_last_error_is_thread_local),
+        cmocka_unit_test(test_act_order_sort),
         cmocka_unit_test(test_driver_too_old),
         cmocka_unit_test(test_no_device_is_reported),
     };

@@ -180,6 +180,77 @@ static void test_marlin_gptq(void **state) {
     stats_print("marlin gptq", &st);
 }
 
+/* Act-order GPTQ (desc_act, whole K): rows sorted by g_idx at load, activation columns permuted per call; compared
+ * with cuBLAS on the dense weight in the checkpoint's own row order and the unpermuted activations. */
+static void test_act_order_gptq(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int K = 2048, N = 512, G = 128, groups = K / G;
+    const int ms[] = {1, 7, 64, 300};
+    stats st = {0};
+    for (int d = 0; d < 2; d++) {
+        w4a16_dtype dt = dtypes[d];
+        int *pos = malloc(sizeof(int) * K);
+        int32_t *g_idx = malloc(sizeof(int32_t) * K), *perm = malloc(sizeof(int32_t) * K);
+        for (int k = 0; k < K; k++) pos[k] = k;
+        for (int k = K - 1; k > 0; k--) {
+            int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1)), t = pos[k];
+            pos[k] = pos[j];
+            pos[j] = t;
+        }
+        for (int k = 0; k < K; k++) g_idx[k] = pos[k] / G;
+        W4_CHECK(w4a16_act_order_sort(g_idx, K, G, perm, NULL));
+        uint8_t *q = malloc((size_t)K * N);
+        for (size_t i = 0; i < (size_t)K * N; i++) q[i] = (uint8_t)(w4a16_ref_rand_u64(&seed) & 0xF);
+        uint16_t *s = malloc((size_t)2 * groups * N), *wd = malloc((size_t)2 * K * N);
+        fill_random_half(s, (size_t)groups * N, 0.005f, 0.015f, dt, &seed);
+        for (int k = 0; k < K; k++) /* dense W in the original row order, each row with its own group's scale */
+            for (int n = 0; n < N; n++)
+                wd[(size_t)k * N + n] = w4a16_ref_from_float(
+                    (float)(q[(size_t)k * N + n] - 8) * w4a16_ref_to_float(s[(size_t)g_idx[k] * N + n], dt), dt);
+        int32_t *qp = malloc((size_t)K * N / 2);
+        w4a16_ref_gptq_pack(q, K, N, qp);
+        void *dq = gpu_upload(qp, (size_t)K * N / 2), *dperm = gpu_upload(perm, sizeof(int32_t) * K);
+        void *ds = gpu_upload(s, (size_t)2 * groups * N), *dW = gpu_upload(wd, (size_t)2 * K * N);
+        void *mw = gpu_alloc((size_t)K * N / 2), *ms_ = gpu_alloc((size_t)2 * groups * N);
+        W4_CHECK(w4a16_marlin_repack_gptq(dq, dperm, mw, K, N, NULL));
+        W4_CHECK(w4a16_marlin_permute_scales(ds, ms_, K, N, G, dt, NULL));
+        for (int mi = 0; mi < 4; mi++) {
+            int M = ms[mi];
+            uint16_t *ha = malloc((size_t)2 * M * K), *hc = malloc((size_t)2 * M * N);
+            float *hr = malloc((size_t)4 * M * N);
+            fill_random_half(ha, (size_t)M * K, -1.f, 1.f, dt, &seed);
+            void *A = gpu_upload(ha, (size_t)2 * M * K), *As = gpu_alloc((size_t)2 * M * K);
+            void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
+            cublas_gemm(blas, A, dW, R, M, N, K, dt, CUDA_R_32F);
+            GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
+            W4_CHECK(w4a16_permute_cols(A, dperm, As, M, K, dt, NULL));
+            W4_CHECK(w4a16_marlin_gemm(As, mw, ms_, NULL, NULL, C, M, N, K, G, dt, workspace, workspace_bytes, NULL));
+            GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+            GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (int i = 0; i < M * N; i++) {
+                double c = w4a16_ref_to_float(hc[i], dt);
+                if (isnan(c)) fail_msg("act-order M=%d: output %d not written", M, i);
+                num += (c - hr[i]) * (c - hr[i]);
+                den += (double)hr[i] * hr[i];
+            }
+            double err = sqrt(num / den);
+            if (!(err < tolerance(dt))) fail_msg("act-order %s M=%d: relative error %.3e", d ? "bf16" : "fp16", M, err);
+            st.cases++;
+            if (err > st.worst) {
+                st.worst = err;
+                snprintf(st.worst_case, sizeof st.worst_case, "%s M=%d", d ? "bf16" : "fp16", M);
+            }
+            cudaFree(A); cudaFree(As); cudaFree(C); cudaFree(R);
+            free(ha); free(hc); free(hr);
+        }
+        cudaFree(dq); cudaFree(dperm); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(ms_);
+        free(pos); free(g_idx); free(perm); free(q); free(s); free(wd); free(qp);
+    }
+    stats_print("act-order gptq (is_k_full)", &st);
+}
+
 /* Every profile that fits this GPU, forced, on both paths (the sm120 profile among them). */
 static void test_forced_profiles(void **state) {
     (void)state;
@@ -511,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_m_sweep),
         cmocka_unit_test(test_gemm_real_layers),
         cmocka_unit_test(test_marlin_gptq),
+        cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),

@@ -144,8 +144,19 @@ def test_vllm_adapters_against_a_stand_in_module():
     y = ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, empty, empty, ws, _ScalarType("uint4"), M, N, K, True,
                              False, False, False)
     assert rel(y, ref) < 1e-2 and calls == []
-    # act-order (g_idx) goes to vLLM's own kernel
+    # act-order with cut groups (a row-parallel shard) goes to vLLM's own kernel
     g_idx = torch.zeros(K, dtype=torch.int32, device="cuda")
     assert ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, g_idx, g_idx, ws, _ScalarType("uint4"), M, N, K,
-                                True, False, False, False) == "original"
+                                False, False, False, False) == "original"
     assert calls == ["original"]
+    # act-order with whole groups (is_k_full): served by w4a16, as vLLM prepares it (sorted g_idx, perm, repack)
+    q = np.random.randint(0, 16, size=(K, N), dtype=np.uint8)
+    g_raw = torch.randperm(K).to(torch.int32) // G
+    perm = torch.argsort(g_raw, stable=True).to(torch.int32)
+    s2 = (torch.rand(K // G, N, device="cuda") * 0.01 + 0.005).half()
+    w = (torch.from_numpy(q.astype(np.float32)).cuda() - 8) * s2.float()[g_raw.cuda().long()]
+    mw2 = wt.gptq_marlin_repack(torch.from_numpy(formats.gptq_pack(q)).cuda(), perm.cuda(), K, N, 4)
+    y2 = ops.gptq_marlin_gemm(x, None, mw2, None, wt.marlin_permute_scales(s2, K, N, G), None, empty,
+                              g_raw[perm.long()].cuda(), perm.cuda(), ws, _ScalarType("uint4b8"), M, N, K, True,
+                              False, False, False)
+    assert calls == ["original"] and rel(y2, x.float() @ w.half().float()) < 1e-2

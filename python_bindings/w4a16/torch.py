@@ -167,6 +167,24 @@ def _(q_zp_packed, size_k, size_n, num_bits):
     return torch.empty_like(q_zp_packed)
 
 
+@torch.library.custom_op("w4a16::permute_cols", mutates_args=())
+def permute_cols(a: Tensor, perm: Tensor) -> Tensor:
+    """a[:, perm]: the activation side of act-order GPTQ (perm from w4a16_act_order_sort / argsort(g_idx))."""
+    _cuda_contig("a", a, (torch.float16, torch.bfloat16))
+    _cuda_contig("perm", perm, torch.int32)
+    _check(a.dim() == 2 and perm.numel() == a.shape[1], "a must be [M, K] and perm [K]")
+    out = torch.empty_like(a)
+    with torch.cuda.device(_dev_index(a)):
+        _lib.permute_cols(a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], _DT[a.dtype],
+                          _stream(a))
+    return out
+
+
+@permute_cols.register_fake
+def _(a, perm):
+    return torch.empty_like(a)
+
+
 # ---------------------------------------------------------------- Marlin GEMM
 @torch.library.custom_op("w4a16::marlin_gemm", mutates_args=())
 def marlin_gemm(a: Tensor, b_q_weight: Tensor, b_scales: Tensor, b_zeros: Optional[Tensor], b_bias: Optional[Tensor],

@@ -3,7 +3,8 @@
 Written against the op names and signatures of `vllm/_custom_ops.py` in vLLM 0.10-0.11 (awq_gemm, awq_dequantize,
 awq_marlin_repack, gptq_marlin_repack, and gptq_marlin_gemm with b_bias and global_scale). vLLM's layers call these
 through the module at call time, so replacing the module attributes is enough. What w4a16 does not do is passed
-through to vLLM's own op: act-order (g_idx / perm), float zero points, global scales (fp4), other bit widths.
+through to vLLM's own op: act-order on a K shard with cut groups (is_k_full=False), float zero points, global
+scales (fp4), other bit widths.
 Set W4A16_VLLM=0 to keep vLLM's kernels. vLLM itself is not run in w4a16's tests (it is not installed on the test
 machines); the adapters are tested against a stand-in module with vLLM's signatures, up to that boundary."""
 import logging
@@ -27,6 +28,8 @@ def _qtype(b_q_type):
 
 def make_adapters(original):
     """Adapters with vLLM's signatures; `original` is the module (or namespace) holding vLLM's own ops."""
+    import torch
+
     from . import torch as wt
 
     def awq_gemm(input, qweight, scales, qzeros, split_k_iters):
@@ -45,17 +48,33 @@ def make_adapters(original):
             return original.gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
         return wt.gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
 
+    whole_groups = {}  # g_idx tensor -> its sorted groups are whole (checked once: one device sync at load time)
+
+    def act_order_whole(g_idx, size_k, scale_rows):
+        key = (g_idx.data_ptr(), g_idx.numel(), scale_rows)
+        if key not in whole_groups:
+            G = size_k // scale_rows
+            expect = torch.arange(size_k, device=g_idx.device, dtype=g_idx.dtype) // G
+            whole_groups[key] = bool((g_idx == expect).all())
+        return whole_groups[key]
+
     def gptq_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type,
                          size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False,
                          is_zp_float=False):
         name, bits = _qtype(b_q_type)
-        supported = (bits == 4 and name in ("uint4", "uint4b8") and _empty(g_idx) and _empty(perm)
-                     and global_scale is None and not is_zp_float and (name == "uint4b8") == _empty(b_zeros))
+        act_order = not _empty(g_idx)
+        supported = (bits == 4 and name in ("uint4", "uint4b8") and global_scale is None and not is_zp_float
+                     and (name == "uint4b8") == _empty(b_zeros)
+                     and (not act_order or (is_k_full and not _empty(perm)
+                                            and act_order_whole(g_idx, size_k, b_scales.shape[0]))))
         if not supported:
             return original.gptq_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, global_scale, b_zeros, g_idx, perm,
                                              workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add,
                                              use_fp32_reduce, is_zp_float)
-        out = wt.marlin_gemm(a.reshape(size_m, size_k).contiguous(), b_q_weight, b_scales,
+        a2 = a.reshape(size_m, size_k).contiguous()
+        if act_order:  # vLLM passes g_idx sorted and perm = its sort order; the weights were repacked with it
+            a2 = wt.permute_cols(a2, perm)
+        out = wt.marlin_gemm(a2, b_q_weight, b_scales,
                              None if _empty(b_zeros) else b_zeros, b_bias, size_m, size_n, size_k)
         if c is not None:
             c.copy_(out)
