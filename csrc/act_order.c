@@ -26,14 +26,57 @@ w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, i
             int n = start[g + 1];
             free(start);
             return w4a16_fail(W4A16_ERR_NOT_IMPLEMENTED,
-                              "group %d holds %d rows, not group_size=%d: a K shard with cut groups (is_k_full=false) "
-                              "is not supported yet", g, n, G);
+                              "group %d holds %d rows, not group_size=%d: groups are cut (a K shard, is_k_full=false): "
+                              "use w4a16_act_order_plan", g, n, G);
         }
         start[g + 1] += start[g];
     }
     for (int k = 0; k < K; k++) perm[start[g_idx[k]]++] = k;
     if (sorted_g_idx)
         for (int k = 0; k < K; k++) sorted_g_idx[k] = k / G;
+    free(start);
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_act_order_plan(const int32_t *g_idx, int K, int groups, int32_t *row_src, int capacity,
+                                  int *K_padded, int32_t *block_group) {
+    w4a16_clear_error();
+    w4a16_status s;
+    if ((s = w4a16_check_ptr(g_idx, "g_idx", 4, 1)) || (s = w4a16_check_ptr(K_padded, "K_padded", 4, 1)) ||
+        (s = w4a16_check_ptr(row_src, "row_src", 4, 0)) || (s = w4a16_check_ptr(block_group, "block_group", 4, 0)))
+        return s;
+    if (K < 1 || groups < 1 || K > (1 << 28) || groups > (1 << 28))
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "K=%d and groups=%d must be in [1, 2^28]", K, groups);
+    int *start = calloc((size_t)groups + 1, sizeof(int)); /* first counts, then each group's next slot */
+    if (!start) return w4a16_fail(W4A16_ERR_INTERNAL, "out of host memory for %d groups", groups);
+    for (int k = 0; k < K; k++) {
+        if (g_idx[k] < 0 || g_idx[k] >= groups) {
+            int bad = g_idx[k];
+            free(start);
+            return w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, groups=%d)", k, bad, groups);
+        }
+        start[g_idx[k]]++;
+    }
+    long long pos = 0;
+    for (int g = 0; g < groups; g++) { /* counts -> start of each group's run, runs padded to 32 rows */
+        int run = (start[g] + 31) / 32 * 32;
+        if (block_group && row_src)
+            for (long long b = pos / 32; b < (pos + run) / 32; b++) block_group[b] = g;
+        start[g] = (int)pos;
+        pos += run;
+    }
+    long long kp = (pos + 127) / 128 * 128; /* the Marlin GEMM wants K % 128 == 0 */
+    *K_padded = (int)kp;
+    if (row_src && capacity < kp) {
+        free(start);
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "capacity=%d is less than K_padded=%lld", capacity, kp);
+    }
+    if (row_src) {
+        if (block_group)
+            for (long long b = pos / 32; b < kp / 32; b++) block_group[b] = groups - 1; /* tail: empty rows */
+        for (long long i = 0; i < kp; i++) row_src[i] = -1;
+        for (int k = 0; k < K; k++) row_src[start[g_idx[k]]++] = k; /* stable within a group */
+    }
     free(start);
     return W4A16_OK;
 }

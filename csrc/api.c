@@ -187,8 +187,8 @@ w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *ma
                          "w4a16_marlin_awq_zero_points");
 }
 
-w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K, w4a16_dtype dtype,
-                                w4a16_stream_t stream) {
+w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K_in, int K_out,
+                                w4a16_dtype dtype, w4a16_stream_t stream) {
     w4a16_clear_error();
     w4a16_status s;
     int device;
@@ -197,9 +197,30 @@ w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out,
         (s = w4a16_check_ptr(perm, "perm", 4, 1)) || (s = w4a16_check_ptr(A_out, "A_out", 16, 1)))
         return s;
     if (A == A_out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "A and A_out are the same buffer (%p)", A);
-    if (M < 1 || K < 1) return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d and K=%d must be at least 1", M, K);
-    if ((long long)M * K > (1LL << 40))
-        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "A[M,K] has %d x %d elements, more than 2^40", M, K);
+    if (M < 1 || K_in < 1 || K_out < 1)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d, K_in=%d and K_out=%d must be at least 1", M, K_in, K_out);
+    long long kmax = K_in > K_out ? K_in : K_out;
+    if ((long long)M * kmax > (1LL << 40))
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "M=%d x K=%lld is more than 2^40 elements", M, kmax);
     if ((s = w4a16_current_device(&device, &st))) return s;
-    return launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K, stream), "w4a16_permute_cols");
+    return launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K_in, K_out, stream), "w4a16_permute_cols");
+}
+
+w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out, int cols,
+                               w4a16_dtype dtype, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(in, "in", 16, 1)) ||
+        (s = w4a16_check_ptr(idx, "idx", 4, 1)) || (s = w4a16_check_ptr(out, "out", 16, 1)))
+        return s;
+    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "in and out are the same buffer (%p)", in);
+    if (rows_in < 1 || rows_out < 1 || cols < 1)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "rows_in=%d, rows_out=%d and cols=%d must be at least 1", rows_in,
+                          rows_out, cols);
+    long long rmax = rows_in > rows_out ? rows_in : rows_out;
+    if (rmax * cols > (1LL << 40)) return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "more than 2^40 elements");
+    if ((s = w4a16_current_device(&device, &st))) return s;
+    return launch_status(w4a16_launch_gather_rows(in, rows_in, idx, out, rows_out, cols, stream), "w4a16_gather_rows");
 }

@@ -172,7 +172,7 @@ W4A16_API w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32
                                                int K, int N, w4a16_stream_t stream);
 /* GPTQ qweight [K/8, N] (nibble i of row r holds k = 8r + i) -> Marlin weight [K/16, 2N].
  * perm (device int32 [K], may be NULL): act-order row permutation; row k of the result is source
- * row perm[k] (perm = argsort(g_idx)). */
+ * row perm[k] (perm = argsort(g_idx)); perm[k] = -1 makes row k an empty (zero) row: see w4a16_act_order_plan. */
 W4A16_API w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm,
                                                 int32_t *marlin_weight, int K, int N,
                                                 w4a16_stream_t stream);
@@ -187,20 +187,41 @@ W4A16_API w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros,
 
 /* Act-order GPTQ (desc_act), whole K (is_k_full): sort the rows by group once at load time, repack with the
  * permutation, and permute the activation columns the same way before each GEMM:
- *   w4a16_act_order_sort(g_idx, K, G, perm, sorted)    host, once      -> perm = stable argsort(g_idx)
- *   w4a16_marlin_repack_gptq(qweight, d_perm, ...)     device, once
- *   w4a16_permute_cols(A, d_perm, A_sorted, M, K, ...) device, per call -> then w4a16_marlin_gemm(A_sorted, ...)
+ *   w4a16_act_order_sort(g_idx, K, G, perm, sorted)          host, once      -> perm = stable argsort(g_idx)
+ *   w4a16_marlin_repack_gptq(qweight, d_perm, ...)           device, once
+ *   w4a16_permute_cols(A, d_perm, A_sorted, M, K, K, ...)    device, per call -> w4a16_marlin_gemm(A_sorted, ..., G)
  * After sorting, row k belongs to group k / G exactly when every group holds G rows, which is what a whole-K
- * checkpoint has; w4a16_act_order_sort checks it and returns W4A16_ERR_NOT_IMPLEMENTED otherwise (a row-parallel
- * shard, is_k_full = false, whose groups are cut: not supported yet).
+ * checkpoint has; w4a16_act_order_sort checks it and returns W4A16_ERR_NOT_IMPLEMENTED otherwise.
+ *
+ * A row-parallel K shard (is_k_full = false) holds cut groups. w4a16_act_order_plan sorts its rows by group and pads
+ * each group's run with empty rows (-1) to a multiple of 32, and the end to a multiple of 128, so that every
+ * 32-row block lies in one group; the GEMM then runs with group size 32 on K_padded rows:
+ *   w4a16_act_order_plan(g_idx, K, groups, NULL, 0, &Kp, NULL)  host: K_padded only (size the buffers)
+ *   w4a16_act_order_plan(g_idx, K, groups, row_src, Kp, &Kp, block_group)        row_src [Kp], block_group [Kp/32]
+ *   w4a16_marlin_repack_gptq(qweight, d_row_src, mweight, Kp, N, ...)   empty rows become zero weights
+ *   w4a16_gather_rows(scales, groups, d_block_group, scales32, Kp/32, N, ...) then permute scales32 with G = 32
+ *   w4a16_permute_cols(A, d_row_src, A_pad, M, K, Kp, ...)              per call; empty rows become zero columns
+ *   w4a16_marlin_gemm(A_pad, mweight, mscales32, NULL, bias, C, M, N, Kp, 32, ...)
+ * Padding costs at most 31 rows per group present in the shard, plus 127.
  * w4a16_act_order_sort: host arrays; g_idx [K] values in [0, K/G); perm and sorted_g_idx [K] outputs (sorted_g_idx
  * may be NULL). Returns W4A16_OK, W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE, W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
  * W4A16_ERR_INVALID_VALUE (a g_idx value out of range) or W4A16_ERR_NOT_IMPLEMENTED (groups not whole). */
 W4A16_API w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, int32_t *perm,
                                             int32_t *sorted_g_idx);
-/* A_out[m, k] = A[m, perm[k]] (device; A and A_out 16-byte aligned, distinct; perm a device int32 [K]). */
-W4A16_API w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K,
+/* w4a16_act_order_plan: host arrays; g_idx [K] in [0, groups). Writes *K_padded always; row_src (capacity entries,
+ * may be NULL) gets the source row of each padded row or -1, block_group (may be NULL) the group of each 32-row
+ * block. Returns W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE, W4A16_ERR_INVALID_VALUE (g_idx out of range, or
+ * capacity < *K_padded with row_src given) or W4A16_OK. */
+W4A16_API w4a16_status w4a16_act_order_plan(const int32_t *g_idx, int K, int groups, int32_t *row_src, int capacity,
+                                            int *K_padded, int32_t *block_group);
+/* A_out[m, k] = perm[k] in [0, K_in) ? A[m, perm[k]] : 0 for k < K_out (device; A [M, K_in], A_out [M, K_out], both
+ * 16-byte aligned and distinct; perm a device int32 [K_out]). */
+W4A16_API w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K_in, int K_out,
                                           w4a16_dtype dtype, w4a16_stream_t stream);
+/* out[r, :] = idx[r] in [0, rows_in) ? in[idx[r], :] : 0 for r < rows_out (device; in [rows_in, cols], out
+ * [rows_out, cols] in dtype, 16-byte aligned, distinct; idx a device int32 [rows_out]). */
+W4A16_API w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out,
+                                         int cols, w4a16_dtype dtype, w4a16_stream_t stream);
 
 /* w4a16_marlin_gemm: C[M,N] = A[M,K] * dequant(marlin_weight, marlin_scales[, marlin_zeros]) (+ bias).
  * marlin_zeros != NULL: weight type uint4 with zero points (AWQ): W = (q - z) * s.

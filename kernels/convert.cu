@@ -63,14 +63,23 @@ __global__ void awq_zero_points_kernel(const int32_t *__restrict__ in, uint32_t 
     out[idx] = res;
 }
 
-// ---- act-order: A_out[m, k] = A[m, perm[k]], one 16-bit element per thread (bandwidth-bound, M x K).
+// ---- act-order: A_out[m, k] = A[m, perm[k]] (0 for empty rows), one 16-bit element per thread.
 __global__ void permute_cols_kernel(const uint16_t *__restrict__ A, const int32_t *__restrict__ perm,
-                                    uint16_t *__restrict__ out, int M, int K) {
+                                    uint16_t *__restrict__ out, int M, int K_in, int K_out) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)M * K) return;
-    long long m = idx / K;
-    int k = (int)(idx % K);
-    out[idx] = A[m * K + perm[k]];
+    if (idx >= (long long)M * K_out) return;
+    long long m = idx / K_out;
+    int src = perm[idx % K_out];
+    out[idx] = src >= 0 && src < K_in ? A[m * K_in + src] : (uint16_t)0;
+}
+
+// ---- out[r, :] = in[idx[r], :] (0 for idx outside [0, rows_in)): the scale rows of act-order's 32-row blocks.
+__global__ void gather_rows_kernel(const uint16_t *__restrict__ in, int rows_in, const int32_t *__restrict__ idx,
+                                   uint16_t *__restrict__ out, int rows_out, int cols) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows_out * cols) return;
+    int src = idx[i / cols];
+    out[i] = src >= 0 && src < rows_in ? in[(long long)src * cols + i % cols] : (uint16_t)0;
 }
 
 static unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -152,10 +161,19 @@ extern "C" int w4a16_launch_permute_scales(const void *in, void *out, int rows, 
     return cudaGetLastError();
 }
 
-extern "C" int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K, void *stream) {
-    long long n = (long long)M * K;
+extern "C" int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K_in, int K_out,
+                                         void *stream) {
+    long long n = (long long)M * K_out;
     permute_cols_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const uint16_t *>(A), perm, static_cast<uint16_t *>(out), M, K);
+        static_cast<const uint16_t *>(A), perm, static_cast<uint16_t *>(out), M, K_in, K_out);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out,
+                                        int cols, void *stream) {
+    long long n = (long long)rows_out * cols;
+    gather_rows_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint16_t *>(in), rows_in, idx, static_cast<uint16_t *>(out), rows_out, cols);
     return cudaGetLastError();
 }
 

@@ -33,7 +33,9 @@ int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const i
 int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream);
 int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *perm, int32_t *out, int K, int N, void *stream);
 int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int channelwise, void *stream);
-int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K, void *stream);
+int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K_in, int K_out, void *stream);
+int w4a16_launch_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out, int cols,
+                             void *stream);
 int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *stream);
 
 /* The __CUDA_ARCH_LIST__ this translation unit was compiled with, e.g. "800,860,...,1210". */

@@ -44,6 +44,7 @@ W4A16_HD int w4a16_marlin_scale_source(int pos, int channelwise) {
 W4A16_HD uint32_t w4a16_source_nibble(const int32_t *in, const int32_t *perm, int k, int n, int N, int is_gptq) {
     if (is_gptq) {
         int src = perm ? perm[k] : k;
+        if (src < 0) return 8u; /* an empty (padding) row: zero in uint4b8 */
         return ((uint32_t)in[(size_t)(src / 8) * N + n] >> (4 * (src % 8))) & 0xFu;
     }
     return ((uint32_t)in[(size_t)k * (N / 8) + n / 8] >> (4 * w4a16_awq_reverse(n % 8))) & 0xFu;

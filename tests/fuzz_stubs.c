@@ -18,7 +18,10 @@ int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int 
 int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *st) {
     (void)in; (void)out; (void)rows; (void)N; (void)st; abort();
 }
-int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int K, void *st) {
-    (void)A; (void)perm; (void)out; (void)M; (void)K; (void)st; abort();
+int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int M, int Ki, int Ko, void *st) {
+    (void)A; (void)perm; (void)out; (void)M; (void)Ki; (void)Ko; (void)st; abort();
+}
+int w4a16_launch_gather_rows(const void *in, int ri, const int32_t *idx, void *out, int ro, int c, void *st) {
+    (void)in; (void)ri; (void)idx; (void)out; (void)ro; (void)c; (void)st; abort();
 }
 const char *w4a16_kernel_arch_list(void) { return ""; }

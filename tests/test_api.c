@@ -199,11 +199,47 @@ static void test_act_order_sort(void **state) {
     EXPECT(w4a16_act_order_sort(g_idx, K, G, perm, NULL), W4A16_ERR_INVALID_VALUE, "g_idx[7]=4 is outside [0, K/G=4)");
     for (int k = 0; k < K; k++) g_idx[k] = k / G;
     g_idx[0] = 1; /* group 0 cut short, as in a row-parallel shard */
-    EXPECT(w4a16_act_order_sort(g_idx, K, G, perm, NULL), W4A16_ERR_NOT_IMPLEMENTED, "is_k_full=false");
+    EXPECT(w4a16_act_order_sort(g_idx, K, G, perm, NULL), W4A16_ERR_NOT_IMPLEMENTED, "use w4a16_act_order_plan");
     EXPECT(w4a16_act_order_sort(NULL, K, G, perm, NULL), W4A16_ERR_NULL_POINTER, "g_idx is NULL");
-    EXPECT(w4a16_permute_cols(bufA, (const int32_t *)bufZ, bufA, 4, 64, W4A16_FP16, NULL), W4A16_ERR_INVALID_VALUE,
+    EXPECT(w4a16_permute_cols(bufA, (const int32_t *)bufZ, bufA, 4, 64, 64, W4A16_FP16, NULL), W4A16_ERR_INVALID_VALUE,
            "same buffer");
-    EXPECT(w4a16_permute_cols(bufA, NULL, bufC, 4, 64, W4A16_FP16, NULL), W4A16_ERR_NULL_POINTER, "perm is NULL");
+    EXPECT(w4a16_permute_cols(bufA, NULL, bufC, 4, 64, 64, W4A16_FP16, NULL), W4A16_ERR_NULL_POINTER, "perm is NULL");
+    EXPECT(w4a16_gather_rows(bufS, 4, (const int32_t *)bufZ, bufC, 0, 64, W4A16_FP16, NULL), W4A16_ERR_INVALID_SHAPE,
+           "rows_out=0");
+}
+
+/* Act-order on a K shard with cut groups: runs padded to 32, every 32-row block in one group, K_padded % 128 == 0. */
+static void test_act_order_plan(void **state) {
+    (void)state;
+    enum { K = 300, GROUPS = 7 };
+    int32_t g_idx[K], row_src[1024], block_group[32];
+    int counts[GROUPS] = {0};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int k = 0; k < K; k++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        g_idx[k] = (int32_t)(x % GROUPS);
+        counts[g_idx[k]]++;
+    }
+    int kp = 0, want = 0;
+    for (int g = 0; g < GROUPS; g++) want += (counts[g] + 31) / 32 * 32;
+    want = (want + 127) / 128 * 128;
+    assert_int_equal(w4a16_act_order_plan(g_idx, K, GROUPS, NULL, 0, &kp, NULL), W4A16_OK);
+    assert_int_equal(kp, want);
+    EXPECT(w4a16_act_order_plan(g_idx, K, GROUPS, row_src, kp - 1, &kp, block_group), W4A16_ERR_INVALID_VALUE,
+           "capacity=");
+    assert_int_equal(w4a16_act_order_plan(g_idx, K, GROUPS, row_src, 1024, &kp, block_group), W4A16_OK);
+    int seen[K] = {0}, prev = -1;
+    for (int i = 0; i < kp; i++) {
+        if (row_src[i] < 0) continue;
+        seen[row_src[i]]++;
+        assert_int_equal(g_idx[row_src[i]], block_group[i / 32]); /* every row in a block of its own group */
+        if (prev >= 0 && g_idx[prev] == g_idx[row_src[i]]) assert_true(row_src[i] > prev); /* stable */
+        prev = row_src[i];
+    }
+    for (int k = 0; k < K; k++) assert_int_equal(seen[k], 1);
+    g_idx[3] = GROUPS;
+    EXPECT(w4a16_act_order_plan(g_idx, K, GROUPS, row_src, 1024, &kp, block_group), W4A16_ERR_INVALID_VALUE,
+           "g_idx[3]=7");
 }
 
 /* A driver older than the build needs is reported with both versions, before anything else is tried. */
@@ -244,6 +280,7 @@ int main(void) {
         cmocka_unit_test(test_introspection_validation),
         cmocka_unit_test(test_last_error_is_thread_local),
         cmocka_unit_test(test_act_order_sort),
+        cmocka_unit_test(test_act_order_plan),
         cmocka_unit_test(test_driver_too_old),
         cmocka_unit_test(test_no_device_is_reported),
     };

@@ -224,7 +224,7 @@ static void test_act_order_gptq(void **state) {
             void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
             cublas_gemm(blas, A, dW, R, M, N, K, dt, CUDA_R_32F);
             GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
-            W4_CHECK(w4a16_permute_cols(A, dperm, As, M, K, dt, NULL));
+            W4_CHECK(w4a16_permute_cols(A, dperm, As, M, K, K, dt, NULL));
             W4_CHECK(w4a16_marlin_gemm(As, mw, ms_, NULL, NULL, C, M, N, K, G, dt, workspace, workspace_bytes, NULL));
             GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
             GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
@@ -249,6 +249,83 @@ static void test_act_order_gptq(void **state) {
         free(pos); free(g_idx); free(perm); free(q); free(s); free(wd); free(qp);
     }
     stats_print("act-order gptq (is_k_full)", &st);
+}
+
+/* Act-order on a row-parallel K shard (is_k_full = false): the shard holds rows [K/2, K) of a desc_act layer, so its
+ * groups are cut; planned, padded to 32-row blocks, and compared with cuBLAS on the shard's dense rows. */
+static void test_act_order_shard(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int KT = 4096, KS = KT / 2, N = 384, G = 128, groups = KT / G;
+    const int ms[] = {1, 16, 200};
+    stats st = {0};
+    for (int d = 0; d < 2; d++) {
+        w4a16_dtype dt = dtypes[d];
+        int *pos = malloc(sizeof(int) * KT);
+        for (int k = 0; k < KT; k++) pos[k] = k;
+        for (int k = KT - 1; k > 0; k--) {
+            int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1)), t = pos[k];
+            pos[k] = pos[j];
+            pos[j] = t;
+        }
+        int32_t *g_idx = malloc(sizeof(int32_t) * KS); /* this rank's rows: KS .. KT-1 of the layer */
+        for (int k = 0; k < KS; k++) g_idx[k] = pos[KS + k] / G;
+        int kp = 0;
+        W4_CHECK(w4a16_act_order_plan(g_idx, KS, groups, NULL, 0, &kp, NULL));
+        int32_t *row_src = malloc(sizeof(int32_t) * kp), *block_group = malloc(sizeof(int32_t) * (kp / 32));
+        W4_CHECK(w4a16_act_order_plan(g_idx, KS, groups, row_src, kp, &kp, block_group));
+        uint8_t *q = malloc((size_t)KS * N);
+        for (size_t i = 0; i < (size_t)KS * N; i++) q[i] = (uint8_t)(w4a16_ref_rand_u64(&seed) & 0xF);
+        uint16_t *s = malloc((size_t)2 * groups * N), *wd = malloc((size_t)2 * KS * N);
+        fill_random_half(s, (size_t)groups * N, 0.005f, 0.015f, dt, &seed);
+        for (int k = 0; k < KS; k++)
+            for (int n = 0; n < N; n++)
+                wd[(size_t)k * N + n] = w4a16_ref_from_float(
+                    (float)(q[(size_t)k * N + n] - 8) * w4a16_ref_to_float(s[(size_t)g_idx[k] * N + n], dt), dt);
+        int32_t *qp = malloc((size_t)KS * N / 2);
+        w4a16_ref_gptq_pack(q, KS, N, qp);
+        void *dq = gpu_upload(qp, (size_t)KS * N / 2), *drs = gpu_upload(row_src, sizeof(int32_t) * kp);
+        void *dbg = gpu_upload(block_group, sizeof(int32_t) * (kp / 32));
+        void *ds = gpu_upload(s, (size_t)2 * groups * N), *dW = gpu_upload(wd, (size_t)2 * KS * N);
+        void *mw = gpu_alloc((size_t)kp * N / 2), *s32 = gpu_alloc((size_t)2 * (kp / 32) * N);
+        void *ms32 = gpu_alloc((size_t)2 * (kp / 32) * N);
+        W4_CHECK(w4a16_marlin_repack_gptq(dq, drs, mw, kp, N, NULL));
+        W4_CHECK(w4a16_gather_rows(ds, groups, dbg, s32, kp / 32, N, dt, NULL));
+        W4_CHECK(w4a16_marlin_permute_scales(s32, ms32, kp, N, 32, dt, NULL));
+        for (int mi = 0; mi < 3; mi++) {
+            int M = ms[mi];
+            uint16_t *ha = malloc((size_t)2 * M * KS), *hc = malloc((size_t)2 * M * N);
+            float *hr = malloc((size_t)4 * M * N);
+            fill_random_half(ha, (size_t)M * KS, -1.f, 1.f, dt, &seed);
+            void *A = gpu_upload(ha, (size_t)2 * M * KS), *Ap = gpu_alloc((size_t)2 * M * kp);
+            void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
+            cublas_gemm(blas, A, dW, R, M, N, KS, dt, CUDA_R_32F);
+            GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
+            W4_CHECK(w4a16_permute_cols(A, drs, Ap, M, KS, kp, dt, NULL));
+            W4_CHECK(w4a16_marlin_gemm(Ap, mw, ms32, NULL, NULL, C, M, N, kp, 32, dt, workspace, workspace_bytes, NULL));
+            GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+            GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (int i = 0; i < M * N; i++) {
+                double c = w4a16_ref_to_float(hc[i], dt);
+                if (isnan(c)) fail_msg("act-order shard M=%d: output %d not written", M, i);
+                num += (c - hr[i]) * (c - hr[i]);
+                den += (double)hr[i] * hr[i];
+            }
+            double err = sqrt(num / den);
+            if (!(err < tolerance(dt))) fail_msg("act-order shard %s M=%d: relative error %.3e", d ? "bf16" : "fp16", M, err);
+            st.cases++;
+            if (err > st.worst) {
+                st.worst = err;
+                snprintf(st.worst_case, sizeof st.worst_case, "%s M=%d, K %d padded to %d", d ? "bf16" : "fp16", M, KS, kp);
+            }
+            cudaFree(A); cudaFree(Ap); cudaFree(C); cudaFree(R);
+            free(ha); free(hc); free(hr);
+        }
+        cudaFree(dq); cudaFree(drs); cudaFree(dbg); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(s32); cudaFree(ms32);
+        free(pos); free(g_idx); free(row_src); free(block_group); free(q); free(s); free(wd); free(qp);
+    }
+    stats_print("act-order gptq shard (is_k_full=false)", &st);
 }
 
 /* Every profile that fits this GPU, forced, on both paths (the sm120 profile among them). */
@@ -583,6 +660,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_real_layers),
         cmocka_unit_test(test_marlin_gptq),
         cmocka_unit_test(test_act_order_gptq),
+        cmocka_unit_test(test_act_order_shard),
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),

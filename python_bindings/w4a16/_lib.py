@@ -81,7 +81,7 @@ _SIGS = {
     "w4a16_marlin_repack_gptq": [_P, _P, _P, _I, _I, _P],
     "w4a16_marlin_permute_scales": [_P, _P, _I, _I, _I, _I, _P],
     "w4a16_marlin_awq_zero_points": [_P, _P, _I, _I, _I, _P],
-    "w4a16_permute_cols": [_P, _P, _P, _I, _I, _I, _P],
+    "w4a16_permute_cols": [_P, _P, _P, _I, _I, _I, _I, _P],
 }
 for _name, _args in _SIGS.items():
     getattr(_lib, _name).argtypes = _args
@@ -190,5 +190,5 @@ def marlin_awq_zero_points(qzeros, out, K, N, group_size, stream=0):
     _call("w4a16_marlin_awq_zero_points", qzeros, out, K, N, group_size, stream or None)
 
 
-def permute_cols(A, perm, A_out, M, K, dtype, stream=0):
-    _call("w4a16_permute_cols", A, perm, A_out, M, K, dtype, stream or None)
+def permute_cols(A, perm, A_out, M, K_in, K_out, dtype, stream=0):
+    _call("w4a16_permute_cols", A, perm, A_out, M, K_in, K_out, dtype, stream or None)

@@ -175,8 +175,8 @@ def permute_cols(a: Tensor, perm: Tensor) -> Tensor:
     _check(a.dim() == 2 and perm.numel() == a.shape[1], "a must be [M, K] and perm [K]")
     out = torch.empty_like(a)
     with torch.cuda.device(_dev_index(a)):
-        _lib.permute_cols(a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], _DT[a.dtype],
-                          _stream(a))
+        _lib.permute_cols(a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], a.shape[1],
+                          _DT[a.dtype], _stream(a))
     return out
 
 
