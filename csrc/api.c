@@ -31,7 +31,7 @@ static w4a16_status launch_status(int err, const char *op) {
 
 static w4a16_status run_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
                              const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
-                             size_t workspace_bytes, w4a16_stream_t stream, const char *op) {
+                             size_t workspace_bytes, unsigned flags, w4a16_stream_t stream, const char *op) {
     int device;
     const w4a16_device_state *st;
     w4a16_status s = w4a16_current_device(&device, &st);
@@ -74,36 +74,59 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.splits = splits;
     a.smem_bytes = w4a16_cfg_smem_bytes(cfg, layout, tc->stages);
     a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
+    a.reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0;
     a.counters = workspace;
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
     return launch_status(w4a16_launch_gemm(&a), op);
 }
 
+static w4a16_status check_flags(unsigned flags) {
+    if (flags & ~W4A16_FLAG_REDUCE_IN_DTYPE)
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "flags=0x%x has unknown bits (known: 0x%x)", flags,
+                          W4A16_FLAG_REDUCE_IN_DTYPE);
+    return W4A16_OK;
+}
+
 w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
                             const void *bias, void *C, int M, int N, int K, int group_size, w4a16_dtype dtype,
                             void *workspace, size_t workspace_bytes, w4a16_stream_t stream) {
+    return w4a16_awq_gemm_ex(A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace,
+                             workspace_bytes, 0, stream);
+}
+
+w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
+                               const void *bias, void *C, int M, int N, int K, int group_size, w4a16_dtype dtype,
+                               void *workspace, size_t workspace_bytes, unsigned flags, w4a16_stream_t stream) {
     w4a16_clear_error();
     w4a16_status s;
     int G;
-    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+    if ((s = check_flags(flags)) || (s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
         (s = w4a16_check_ptr(qweight, "qweight", 16, 1)) || (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
         (s = w4a16_check_ptr(qzeros, "qzeros", 16, 1)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
         (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 32)) ||
         (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
         return s;
     return run_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, C, M, N, K, G, dtype, workspace,
-                    workspace_bytes, stream, "w4a16_awq_gemm");
+                    workspace_bytes, flags, stream, "w4a16_awq_gemm");
 }
 
 w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
                                const int32_t *marlin_zeros, const void *bias, void *C, int M, int N, int K,
                                int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
                                w4a16_stream_t stream) {
+    return w4a16_marlin_gemm_ex(A, marlin_weight, marlin_scales, marlin_zeros, bias, C, M, N, K, group_size, dtype,
+                                workspace, workspace_bytes, 0, stream);
+}
+
+w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
+                                  const int32_t *marlin_zeros, const void *bias, void *C, int M, int N, int K,
+                                  int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                                  unsigned flags, w4a16_stream_t stream) {
     w4a16_clear_error();
     w4a16_status s;
     int G;
-    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+    if ((s = check_flags(flags)) || (s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
         (s = w4a16_check_ptr(marlin_weight, "marlin_weight", 16, 1)) ||
         (s = w4a16_check_ptr(marlin_scales, "marlin_scales", 16, 1)) ||
         (s = w4a16_check_ptr(marlin_zeros, "marlin_zeros", 16, 0)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
@@ -111,7 +134,7 @@ w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight, cons
         (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
         return s;
     return run_gemm(W4A16_LAYOUT_MARLIN, A, marlin_weight, marlin_scales, marlin_zeros, bias, C, M, N, K, G, dtype,
-                    workspace, workspace_bytes, stream, "w4a16_marlin_gemm");
+                    workspace, workspace_bytes, flags, stream, "w4a16_marlin_gemm");
 }
 
 w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W, int K,

@@ -154,6 +154,16 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
 
 /* w4a16_awq_dequantize: W[K,N] (dtype) = dequant(qweight, qzeros, scales).
  * Same shape rules and alignment as w4a16_awq_gemm (W 16-byte aligned). */
+/* Options of the *_ex GEMM entry points (bit flags; other bits are rejected with W4A16_ERR_INVALID_VALUE).
+ * W4A16_FLAG_REDUCE_IN_DTYPE: when K is split across blocks, round the partial sums to the output dtype before
+ * adding them (vLLM's use_fp32_reduce = false): half the workspace traffic, slightly less accurate. The default
+ * (flags = 0) adds fp32 partials, as the plain entry points do. */
+#define W4A16_FLAG_REDUCE_IN_DTYPE 1u
+W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales,
+                                         const int32_t *qzeros, const void *bias, void *C, int M, int N, int K,
+                                         int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                                         unsigned flags, w4a16_stream_t stream);
+
 W4A16_API w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales,
                                             const int32_t *qzeros, void *W, int K, int N,
                                             int group_size, w4a16_dtype dtype,
@@ -234,6 +244,12 @@ W4A16_API w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_we
                                          const void *bias, void *C, int M, int N, int K,
                                          int group_size, w4a16_dtype dtype, void *workspace,
                                          size_t workspace_bytes, w4a16_stream_t stream);
+
+/* w4a16_marlin_gemm with options (see W4A16_FLAG_REDUCE_IN_DTYPE). */
+W4A16_API w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
+                                            const int32_t *marlin_zeros, const void *bias, void *C, int M, int N,
+                                            int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                            size_t workspace_bytes, unsigned flags, w4a16_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -102,6 +102,7 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     g.counters = static_cast<int *>(a->counters);
     g.partials = static_cast<float4 *>(a->partials);
     g.marlin_channelwise = a->marlin_channelwise;
+    g.reduce_dtype = a->reduce_dtype;
     cudaStream_t s = static_cast<cudaStream_t>(a->stream);
     switch (a->dtype * 2 + a->layout) {
     case 0: return launch_gemm_0_0(g, a->cfg, a->splits, a->smem_bytes, s);

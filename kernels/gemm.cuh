@@ -41,6 +41,7 @@ struct GemmArgs {
     int *counters;       // workspace: per-tile arrival counters (zero between calls)
     float4 *partials;    // workspace: split partial sums
     int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
+    int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
 };
 
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
@@ -325,9 +326,17 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         for (int mt = 0; mt < MT; mt++) {
             if (row_base + mt * 16 >= M) break;
 #pragma unroll
-            for (int j = 0; j < NB; j++)
-                __stcg(mine + (mt * NB + j) * 32 + lane,
-                       make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+            for (int j = 0; j < NB; j++) {
+                if (p.reduce_dtype) { // same slot, half the bytes: two T2 pairs
+                    typename D::T2 lo, hi;
+                    lo.x = D::from_float(acc[mt][j][0]); lo.y = D::from_float(acc[mt][j][1]);
+                    hi.x = D::from_float(acc[mt][j][2]); hi.y = D::from_float(acc[mt][j][3]);
+                    __stcg(reinterpret_cast<uint2 *>(mine + (mt * NB + j) * 32 + lane), make_uint2(as_u32(lo), as_u32(hi)));
+                } else {
+                    __stcg(mine + (mt * NB + j) * 32 + lane,
+                           make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+                }
+            }
         }
         __threadfence();
         __shared__ int s_last;
@@ -348,7 +357,15 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             for (int j = 0; j < NB; j++) {
                 float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
                 for (int s = 0; s < splits; s++) { // fixed order: deterministic
-                    float4 v = __ldcg(all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane);
+                    const float4 *src = all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane;
+                    float4 v;
+                    if (p.reduce_dtype) {
+                        uint2 u = __ldcg(reinterpret_cast<const uint2 *>(src));
+                        auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
+                        v = make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
+                    } else {
+                        v = __ldcg(src);
+                    }
                     sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
                 }
                 acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;

@@ -20,6 +20,7 @@ typedef struct w4a16_gemm_launch {
     int cfg, stages, splits; /* tile config id, pipeline depth, K splits across blocks */
     int smem_bytes;
     int marlin_channelwise;
+    int reduce_dtype;        /* W4A16_FLAG_REDUCE_IN_DTYPE */
     void *counters, *partials; /* workspace parts; unused when splits == 1 */
     void *stream;
 } w4a16_gemm_launch;

@@ -112,6 +112,10 @@ static void test_awq_gemm_validation(void **state) {
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64 * 70000, 128, 128, H, NULL, 0), W4A16_ERR_SIZE_OVERFLOW, "N=4480000");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 1024), W4A16_ERR_NULL_POINTER, "workspace is NULL");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, bufWS + 4, 1024), W4A16_ERR_MISALIGNED, "workspace=");
+    EXPECT(w4a16_awq_gemm_ex(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 6u, NULL), W4A16_ERR_INVALID_VALUE,
+           "flags=0x6 has unknown bits");
+    EXPECT(w4a16_marlin_gemm_ex(bufA, W, bufS, NULL, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 0x80u, NULL),
+           W4A16_ERR_INVALID_VALUE, "flags=0x80");
 }
 
 static void test_marlin_gemm_validation(void **state) {

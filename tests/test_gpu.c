@@ -542,6 +542,130 @@ static void test_selfref_paths_agree(void **state) {
     gpu_layer_free(&L);
 }
 
+/* W4A16_FLAG_REDUCE_IN_DTYPE: split-K partials rounded to the output dtype; still accurate, deterministic, and the
+ * counters are zero afterwards. */
+static void test_reduce_in_dtype(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int ms[] = {1, 5, 16, 40};
+    for (int d = 0; d < 2; d++) {
+        w4a16_dtype dt = dtypes[d];
+        gpu_layer L;
+        gpu_layer_make(&L, 8192, 1024, 128, dt, 0, 1, &seed); /* 8 to 16 tiles: K is split */
+        for (int mi = 0; mi < 4; mi++) {
+            int M = ms[mi];
+            uint16_t *ha = malloc((size_t)2 * M * 8192), *h1 = malloc((size_t)2 * M * 1024), *h2 = malloc((size_t)2 * M * 1024);
+            float *hr = malloc((size_t)4 * M * 1024);
+            fill_random_half(ha, (size_t)M * 8192, -1.f, 1.f, dt, &seed);
+            void *A = gpu_upload(ha, (size_t)2 * M * 8192), *C = gpu_alloc((size_t)2 * M * 1024), *R = gpu_alloc((size_t)4 * M * 1024);
+            cublas_gemm(blas, A, L.dense, R, M, 1024, 8192, dt, CUDA_R_32F);
+            GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * 1024, cudaMemcpyDeviceToHost));
+            for (int path = 0; path < 2; path++)
+                for (int rep = 0; rep < 2; rep++) {
+                    GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * 1024));
+                    if (path == PATH_AWQ)
+                        W4_CHECK(w4a16_awq_gemm_ex(A, L.qweight, L.scales, L.qzeros, NULL, C, M, 1024, 8192, 128, dt,
+                                                   workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE, NULL));
+                    else
+                        W4_CHECK(w4a16_marlin_gemm_ex(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, 1024, 8192, 128, dt,
+                                                      workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE, NULL));
+                    GPU_CHECK(cudaMemcpy(rep ? h2 : h1, C, (size_t)2 * M * 1024, cudaMemcpyDeviceToHost));
+                }
+            assert_memory_equal(h1, h2, (size_t)2 * M * 1024); /* deterministic */
+            double num = 0, den = 0;
+            for (int i = 0; i < M * 1024; i++) {
+                double c = w4a16_ref_to_float(h1[i], dt);
+                if (isnan(c)) fail_msg("reduce-in-dtype M=%d: output %d not written", M, i);
+                num += (c - hr[i]) * (c - hr[i]);
+                den += (double)hr[i] * hr[i];
+            }
+            if (!(sqrt(num / den) < tolerance(dt))) fail_msg("reduce-in-dtype M=%d: relative error %.3e", M, sqrt(num / den));
+            int *cnt = malloc((size_t)4 * sm_count * sizeof(int));
+            GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
+            for (int i = 0; i < 4 * sm_count; i++) assert_int_equal(cnt[i], 0);
+            free(cnt);
+            cudaFree(A); cudaFree(C); cudaFree(R);
+            free(ha); free(h1); free(h2); free(hr);
+        }
+        gpu_layer_free(&L);
+    }
+    printf("  reduce in the output dtype: within tolerance, deterministic, workspace zeroed\n");
+}
+
+/* A launch the CUDA runtime rejects is reported by the call that made it, never left for the caller's next CUDA
+ * call: a kernel on the legacy default stream while a blocking stream captures in global mode fails with
+ * cudaErrorStreamCaptureImplicit. Afterwards the next valid call works. */
+static void test_selfref_launch_failure(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    gpu_layer L;
+    gpu_layer_make(&L, 512, 256, 128, W4A16_FP16, 0, 0, &seed);
+    uint16_t ha[4 * 512];
+    fill_random_half(ha, 4 * 512, -1.f, 1.f, W4A16_FP16, &seed);
+    void *A = gpu_upload(ha, sizeof ha), *C = gpu_alloc(2 * 4 * 256);
+    cudaStream_t s;
+    GPU_CHECK(cudaStreamCreate(&s)); /* blocking: synchronises with the legacy stream */
+    GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    w4a16_status st = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 4, 256, 512, 128, W4A16_FP16, NULL, 0,
+                                     NULL);
+    printf("  launch during a global capture: %s: %s\n", w4a16_status_string(st), w4a16_last_error_message());
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(s, &g); /* the capture was invalidated by the implicit synchronisation */
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    cudaStreamDestroy(s);
+    assert_int_equal(st, W4A16_ERR_LAUNCH_FAILED);
+    assert_non_null(strstr(w4a16_last_error_message(), "w4a16_awq_gemm: kernel launch failed"));
+    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 4, 256, 512, 128, W4A16_FP16, workspace,
+                            workspace_bytes, NULL));
+    GPU_CHECK(cudaDeviceSynchronize());
+    cudaFree(A); cudaFree(C);
+    gpu_layer_free(&L);
+}
+
+/* The device of the caller's current context is used, never device 0 by default (needs two GPUs). */
+static void test_current_device(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    int count = 0;
+    GPU_CHECK(cudaGetDeviceCount(&count));
+    if (count < 2) {
+        printf("  SKIPPED: needs 2 GPUs, %d visible\n", count);
+        skip();
+    }
+    cublasHandle_t blas0 = blas;
+    void *ws0 = workspace;
+    stats st = {0};
+    for (int dev = count - 1; dev >= 1; dev -= count - 1) {
+        GPU_CHECK(cudaSetDevice(dev));
+        w4a16_device_info info;
+        W4_CHECK(w4a16_get_device_info(dev, &info));
+        assert_true(info.supported);
+        BLAS_CHECK(cublasCreate(&blas));
+        workspace = gpu_alloc(workspace_bytes);
+        GPU_CHECK(cudaMemset(workspace, 0, workspace_bytes));
+        gpu_layer L; /* every tensor lives on `dev`: a launch on device 0 would fault or read garbage */
+        gpu_layer_make(&L, 4096, 1024, 128, W4A16_BF16, 0, 1, &seed);
+        const int ms[] = {1, 33, 300};
+        for (int m = 0; m < 3; m++) {
+            check_gemm(PATH_AWQ, &L, ms[m], 0, 1, &st);
+            check_gemm(PATH_MARLIN, &L, ms[m], 0, 1, &st);
+        }
+        int cur = -1;
+        GPU_CHECK(cudaGetDevice(&cur));
+        assert_int_equal(cur, dev); /* w4a16 left the caller's current device alone */
+        gpu_layer_free(&L);
+        cudaFree(workspace);
+        cublasDestroy(blas);
+        printf("  device %d (%s, profile %s): correct on the caller's current device\n", dev, info.name, info.profile);
+        if (count == 1) break;
+    }
+    GPU_CHECK(cudaSetDevice(0));
+    blas = blas0;
+    workspace = ws0;
+    stats_print("current device", &st);
+}
+
 /* Too small a workspace is rejected before anything runs; C keeps its contents. */
 static void test_selfref_workspace_too_small(void **state) {
     (void)state;
@@ -664,6 +788,9 @@ int main(void) {
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),
+        cmocka_unit_test(test_reduce_in_dtype),
+        cmocka_unit_test(test_selfref_launch_failure),
+        cmocka_unit_test(test_current_device),
         cmocka_unit_test(test_selfref_workspace_too_small),
         cmocka_unit_test(test_selfref_streams_and_graphs),
     };
