@@ -180,6 +180,42 @@ static void test_marlin_gptq(void **state) {
     stats_print("marlin gptq", &st);
 }
 
+/* Act-order GEMM check: A [M, K_in] permuted (and widened to K_out) by d_perm, then the Marlin GEMM with group size
+ * G on K_out rows, against cuBLAS of A with the dense weight dW [K_in, N] in the checkpoint's own row order. */
+static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, void *d_perm, int K_in, int K_out,
+                            int G, int N, const int *ms, int nms, stats *st, const char *what) {
+    for (int mi = 0; mi < nms; mi++) {
+        int M = ms[mi];
+        uint16_t *ha = malloc((size_t)2 * M * K_in), *hc = malloc((size_t)2 * M * N);
+        float *hr = malloc((size_t)4 * M * N);
+        fill_random_half(ha, (size_t)M * K_in, -1.f, 1.f, dt, &seed);
+        void *A = gpu_upload(ha, (size_t)2 * M * K_in), *Ap = gpu_alloc((size_t)2 * M * K_out);
+        void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
+        cublas_gemm(blas, A, dW, R, M, N, K_in, dt, CUDA_R_32F);
+        GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
+        W4_CHECK(w4a16_permute_cols(A, d_perm, Ap, M, K_in, K_out, dt, NULL));
+        W4_CHECK(w4a16_marlin_gemm(Ap, mw, mscales, NULL, NULL, C, M, N, K_out, G, dt, workspace, workspace_bytes, NULL));
+        GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (int i = 0; i < M * N; i++) {
+            double c = w4a16_ref_to_float(hc[i], dt);
+            if (isnan(c)) fail_msg("%s M=%d: output %d not written", what, M, i);
+            num += (c - hr[i]) * (c - hr[i]);
+            den += (double)hr[i] * hr[i];
+        }
+        double err = sqrt(num / den);
+        if (!(err < tolerance(dt))) fail_msg("%s %s M=%d: relative error %.3e", what, dt ? "bf16" : "fp16", M, err);
+        st->cases++;
+        if (err > st->worst) {
+            st->worst = err;
+            snprintf(st->worst_case, sizeof st->worst_case, "%s M=%d, K %d as %d", dt ? "bf16" : "fp16", M, K_in, K_out);
+        }
+        cudaFree(A); cudaFree(Ap); cudaFree(C); cudaFree(R);
+        free(ha); free(hc); free(hr);
+    }
+}
+
 /* Act-order GPTQ (desc_act, whole K): rows sorted by g_idx at load, activation columns permuted per call; compared
  * with cuBLAS on the dense weight in the checkpoint's own row order and the unpermuted activations. */
 static void test_act_order_gptq(void **state) {
@@ -215,36 +251,7 @@ static void test_act_order_gptq(void **state) {
         void *mw = gpu_alloc((size_t)K * N / 2), *ms_ = gpu_alloc((size_t)2 * groups * N);
         W4_CHECK(w4a16_marlin_repack_gptq(dq, dperm, mw, K, N, NULL));
         W4_CHECK(w4a16_marlin_permute_scales(ds, ms_, K, N, G, dt, NULL));
-        for (int mi = 0; mi < 4; mi++) {
-            int M = ms[mi];
-            uint16_t *ha = malloc((size_t)2 * M * K), *hc = malloc((size_t)2 * M * N);
-            float *hr = malloc((size_t)4 * M * N);
-            fill_random_half(ha, (size_t)M * K, -1.f, 1.f, dt, &seed);
-            void *A = gpu_upload(ha, (size_t)2 * M * K), *As = gpu_alloc((size_t)2 * M * K);
-            void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
-            cublas_gemm(blas, A, dW, R, M, N, K, dt, CUDA_R_32F);
-            GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
-            W4_CHECK(w4a16_permute_cols(A, dperm, As, M, K, K, dt, NULL));
-            W4_CHECK(w4a16_marlin_gemm(As, mw, ms_, NULL, NULL, C, M, N, K, G, dt, workspace, workspace_bytes, NULL));
-            GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-            GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
-            double num = 0, den = 0;
-            for (int i = 0; i < M * N; i++) {
-                double c = w4a16_ref_to_float(hc[i], dt);
-                if (isnan(c)) fail_msg("act-order M=%d: output %d not written", M, i);
-                num += (c - hr[i]) * (c - hr[i]);
-                den += (double)hr[i] * hr[i];
-            }
-            double err = sqrt(num / den);
-            if (!(err < tolerance(dt))) fail_msg("act-order %s M=%d: relative error %.3e", d ? "bf16" : "fp16", M, err);
-            st.cases++;
-            if (err > st.worst) {
-                st.worst = err;
-                snprintf(st.worst_case, sizeof st.worst_case, "%s M=%d", d ? "bf16" : "fp16", M);
-            }
-            cudaFree(A); cudaFree(As); cudaFree(C); cudaFree(R);
-            free(ha); free(hc); free(hr);
-        }
+        act_order_check(dt, dW, mw, ms_, dperm, K, K, G, N, ms, 4, &st, "act-order");
         cudaFree(dq); cudaFree(dperm); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(ms_);
         free(pos); free(g_idx); free(perm); free(q); free(s); free(wd); free(qp);
     }
@@ -292,36 +299,7 @@ static void test_act_order_shard(void **state) {
         W4_CHECK(w4a16_marlin_repack_gptq(dq, drs, mw, kp, N, NULL));
         W4_CHECK(w4a16_gather_rows(ds, groups, dbg, s32, kp / 32, N, dt, NULL));
         W4_CHECK(w4a16_marlin_permute_scales(s32, ms32, kp, N, 32, dt, NULL));
-        for (int mi = 0; mi < 3; mi++) {
-            int M = ms[mi];
-            uint16_t *ha = malloc((size_t)2 * M * KS), *hc = malloc((size_t)2 * M * N);
-            float *hr = malloc((size_t)4 * M * N);
-            fill_random_half(ha, (size_t)M * KS, -1.f, 1.f, dt, &seed);
-            void *A = gpu_upload(ha, (size_t)2 * M * KS), *Ap = gpu_alloc((size_t)2 * M * kp);
-            void *C = gpu_alloc((size_t)2 * M * N), *R = gpu_alloc((size_t)4 * M * N);
-            cublas_gemm(blas, A, dW, R, M, N, KS, dt, CUDA_R_32F);
-            GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
-            W4_CHECK(w4a16_permute_cols(A, drs, Ap, M, KS, kp, dt, NULL));
-            W4_CHECK(w4a16_marlin_gemm(Ap, mw, ms32, NULL, NULL, C, M, N, kp, 32, dt, workspace, workspace_bytes, NULL));
-            GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-            GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
-            double num = 0, den = 0;
-            for (int i = 0; i < M * N; i++) {
-                double c = w4a16_ref_to_float(hc[i], dt);
-                if (isnan(c)) fail_msg("act-order shard M=%d: output %d not written", M, i);
-                num += (c - hr[i]) * (c - hr[i]);
-                den += (double)hr[i] * hr[i];
-            }
-            double err = sqrt(num / den);
-            if (!(err < tolerance(dt))) fail_msg("act-order shard %s M=%d: relative error %.3e", d ? "bf16" : "fp16", M, err);
-            st.cases++;
-            if (err > st.worst) {
-                st.worst = err;
-                snprintf(st.worst_case, sizeof st.worst_case, "%s M=%d, K %d padded to %d", d ? "bf16" : "fp16", M, KS, kp);
-            }
-            cudaFree(A); cudaFree(Ap); cudaFree(C); cudaFree(R);
-            free(ha); free(hc); free(hr);
-        }
+        act_order_check(dt, dW, mw, ms32, drs, KS, kp, 32, N, ms, 3, &st, "act-order shard");
         cudaFree(dq); cudaFree(drs); cudaFree(dbg); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(s32); cudaFree(ms32);
         free(pos); free(g_idx); free(row_src); free(block_group); free(q); free(s); free(wd); free(qp);
     }
