@@ -128,7 +128,7 @@ sanitize: lib tests
 	@for t in memcheck racecheck initcheck synccheck; do \
 	    filter=$$( [ $$t = memcheck ] && echo '*' || echo '*selfref*' ); \
 	    echo "== compute-sanitizer --tool $$t (tests: $$filter)"; \
-	    W4A16_TEST_QUICK=1 W4A16_TEST_FILTER="$$filter" $(SANITIZER) --tool $$t --error-exitcode 1 $(BUILD)/test_gpu \
+	    W4A16_TEST_QUICK=1 W4A16_TEST_UNDER_SANITIZER=1 W4A16_TEST_FILTER="$$filter" $(SANITIZER) --tool $$t --error-exitcode 1 $(BUILD)/test_gpu \
 	        > $(BUILD)/sanitize_$$t.log 2>&1 \
 	        || { tail -40 $(BUILD)/sanitize_$$t.log; echo "sanitize: $$t FAILED"; exit 1; }; \
 	    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $(BUILD)/sanitize_$$t.log; \
