@@ -111,3 +111,11 @@ def test_vllm_plugin_entry_point_declared():
     text = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read()
     assert '[project.entry-points."vllm.general_plugins"]' in text
     assert 'w4a16 = "w4a16.vllm_plugin:register"' in text
+
+
+def test_python_doctor_without_gpu_says_so():
+    import subprocess
+    import sys
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "w4a16"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "verdict: NOT USABLE" in out.stdout

@@ -160,3 +160,11 @@ def test_vllm_adapters_against_a_stand_in_module():
                               g_raw[perm.long()].cuda(), perm.cuda(), ws, _ScalarType("uint4b8"), M, N, K, True,
                               False, False, False)
     assert calls == ["original"] and rel(y2, x.float() @ w.half().float()) < 1e-2
+
+
+def test_python_doctor_self_test():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "w4a16"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "self-test passed" in out.stdout and "verdict: OK" in out.stdout
