@@ -65,7 +65,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     }
     w4a16_gemm_launch a = {0};
     a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
-    a.M = M; a.N = N; a.K = K; a.G = G;
+    a.M = M; a.N = N; a.K = K;
     a.gshift = group_shift(G);
     a.dtype = dtype;
     a.layout = layout;
@@ -104,8 +104,8 @@ w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void
     if ((s = check_flags(flags)) || (s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
         (s = w4a16_check_ptr(qweight, "qweight", 16, 1)) || (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
         (s = w4a16_check_ptr(qzeros, "qzeros", 16, 1)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
-        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 32)) ||
-        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
+        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 32, &G)) ||
+        (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
         return s;
     return run_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, C, M, N, K, G, dtype, workspace,
                     workspace_bytes, flags, stream, "w4a16_awq_gemm");
@@ -130,8 +130,8 @@ w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, c
         (s = w4a16_check_ptr(marlin_weight, "marlin_weight", 16, 1)) ||
         (s = w4a16_check_ptr(marlin_scales, "marlin_scales", 16, 1)) ||
         (s = w4a16_check_ptr(marlin_zeros, "marlin_zeros", 16, 0)) || (s = w4a16_check_ptr(bias, "bias", 4, 0)) ||
-        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 128)) ||
-        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
+        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, 128, &G)) ||
+        (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
         return s;
     return run_gemm(W4A16_LAYOUT_MARLIN, A, marlin_weight, marlin_scales, marlin_zeros, bias, C, M, N, K, G, dtype,
                     workspace, workspace_bytes, flags, stream, "w4a16_marlin_gemm");
@@ -145,8 +145,8 @@ w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, co
     const w4a16_device_state *st;
     if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(qweight, "qweight", 16, 1)) ||
         (s = w4a16_check_ptr(scales, "scales", 16, 1)) || (s = w4a16_check_ptr(qzeros, "qzeros", 16, 1)) ||
-        (s = w4a16_check_ptr(W, "W", 16, 1)) || (s = w4a16_check_gemm_shape(1, N, K, group_size, 1)) ||
-        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
+        (s = w4a16_check_ptr(W, "W", 16, 1)) || (s = w4a16_check_gemm_shape(1, N, K, group_size, 1, &G)) ||
+        (s = w4a16_current_device(&device, &st)))
         return s;
     return launch_status(w4a16_launch_awq_dequant(qweight, scales, qzeros, W, K, N, G, dtype, stream),
                          "w4a16_awq_dequantize");
@@ -157,7 +157,7 @@ static w4a16_status check_convert(const void *in, const void *out, int K, int N,
     w4a16_status s;
     if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
     if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
-    return w4a16_check_gemm_shape(1, N, K, -1, k_multiple);
+    return w4a16_check_gemm_shape(1, N, K, -1, k_multiple, NULL);
 }
 
 w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int K, int N,
@@ -222,10 +222,9 @@ w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out,
     if (A == A_out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "A and A_out are the same buffer (%p)", A);
     if (M < 1 || K_in < 1 || K_out < 1)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d, K_in=%d and K_out=%d must be at least 1", M, K_in, K_out);
-    long long kmax = K_in > K_out ? K_in : K_out;
-    if ((long long)M * kmax > (1LL << 40))
-        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "M=%d x K=%lld is more than 2^40 elements", M, kmax);
-    if ((s = w4a16_current_device(&device, &st))) return s;
+    if ((s = w4a16_check_size("A[M,K_in]", M, K_in)) || (s = w4a16_check_size("A_out[M,K_out]", M, K_out)) ||
+        (s = w4a16_current_device(&device, &st)))
+        return s;
     return launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K_in, K_out, stream), "w4a16_permute_cols");
 }
 
@@ -242,8 +241,8 @@ w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int32_t *idx, 
     if (rows_in < 1 || rows_out < 1 || cols < 1)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "rows_in=%d, rows_out=%d and cols=%d must be at least 1", rows_in,
                           rows_out, cols);
-    long long rmax = rows_in > rows_out ? rows_in : rows_out;
-    if (rmax * cols > (1LL << 40)) return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "more than 2^40 elements");
-    if ((s = w4a16_current_device(&device, &st))) return s;
+    if ((s = w4a16_check_size("in[rows_in,cols]", rows_in, cols)) ||
+        (s = w4a16_check_size("out[rows_out,cols]", rows_out, cols)) || (s = w4a16_current_device(&device, &st)))
+        return s;
     return launch_status(w4a16_launch_gather_rows(in, rows_in, idx, out, rows_out, cols, stream), "w4a16_gather_rows");
 }

@@ -54,7 +54,12 @@ W4A16_HIDDEN size_t w4a16_workspace_bytes_for(int sm_count);
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);
 W4A16_HIDDEN w4a16_status w4a16_check_dtype(int dtype);
-W4A16_HIDDEN w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_multiple);
+/* M >= 1, N % 64, K % k_multiple, sizes within 2^40 elements, and the group size; *resolved_group (may be NULL)
+ * gets G with -1 resolved to K. */
+W4A16_HIDDEN w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_multiple,
+                                                 int *resolved_group);
+/* a x b elements within the supported 2^40. */
+W4A16_HIDDEN w4a16_status w4a16_check_size(const char *what, long long a, long long b);
 W4A16_HIDDEN w4a16_status w4a16_check_group(int K, int group_size, int *resolved);
 
 #endif

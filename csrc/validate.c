@@ -36,13 +36,13 @@ w4a16_status w4a16_check_group(int K, int group_size, int *resolved) {
     return W4A16_OK;
 }
 
-static w4a16_status check_size(const char *what, long long a, long long b) {
+w4a16_status w4a16_check_size(const char *what, long long a, long long b) {
     if (a * b > W4A16_MAX_ELEMENTS)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s has %lld x %lld elements, more than 2^40", what, a, b);
     return W4A16_OK;
 }
 
-w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_multiple) {
+w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_multiple, int *resolved_group) {
     if (M < 1) return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d must be at least 1", M);
     if (N < 64 || N % 64)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "N=%d must be a positive multiple of 64", N);
@@ -51,8 +51,9 @@ w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_m
     if (N > W4A16_MAX_N)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "N=%d is larger than %lld", N, W4A16_MAX_N);
     w4a16_status s;
-    if ((s = check_size("A[M,K]", M, K)) || (s = check_size("C[M,N]", M, N)) || (s = check_size("W[K,N]", K, N)))
+    if ((s = w4a16_check_size("A[M,K]", M, K)) || (s = w4a16_check_size("C[M,N]", M, N)) ||
+        (s = w4a16_check_size("W[K,N]", K, N)))
         return s;
     int g;
-    return w4a16_check_group(K, group_size, &g);
+    return w4a16_check_group(K, group_size, resolved_group ? resolved_group : &g);
 }

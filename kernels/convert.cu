@@ -96,7 +96,7 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     g.zeros = static_cast<const uint32_t *>(a->zeros);
     g.bias = a->bias;
     g.C = a->C;
-    g.M = a->M; g.N = a->N; g.K = a->K; g.G = a->G;
+    g.M = a->M; g.N = a->N; g.K = a->K;
     g.gshift = a->gshift;
     g.stages = a->stages;
     g.counters = static_cast<int *>(a->counters);
@@ -183,14 +183,4 @@ extern "C" int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int
     awq_zero_points_kernel<<<blocks_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
         in, reinterpret_cast<uint32_t *>(out), rows, N);
     return cudaGetLastError();
-}
-
-#define W4A16_STR2_(...) #__VA_ARGS__
-#define W4A16_STR_(...) W4A16_STR2_(__VA_ARGS__)
-extern "C" const char *w4a16_kernel_arch_list(void) {
-#ifdef __CUDA_ARCH_LIST__
-    return W4A16_STR_(__CUDA_ARCH_LIST__);
-#else
-    return "";
-#endif
 }

@@ -35,8 +35,8 @@ struct GemmArgs {
     const uint32_t *zeros; // [K/G, N/8] or nullptr (symmetric, zero point 8)
     const void *bias;    // [N] or nullptr
     void *C;             // [M, N]
-    int M, N, K, G;      // G already resolved (G = K for channelwise)
-    int gshift;          // log2(G), or 31 when G = K is not a power of two (one group)
+    int M, N, K;
+    int gshift;          // group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two
     int stages;
     int *counters;       // workspace: per-tile arrival counters (zero between calls)
     float4 *partials;    // workspace: split partial sums
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int M = p.M, N = p.N, K = p.K, G = p.G;
+    const int M = p.M, N = p.N, K = p.K;
     const int num_kt = (K + BK - 1) / BK;
     const int splits = gridDim.z, split = blockIdx.z;
     const int kt_begin = (int)((long long)split * num_kt / splits);

@@ -14,8 +14,8 @@ extern "C" {
 typedef struct w4a16_gemm_launch {
     const void *A, *B, *scales, *zeros, *bias;
     void *C;
-    int M, N, K, G;          /* G resolved: K for channelwise */
-    int gshift;              /* log2(G), 31 when G = K is not a power of two */
+    int M, N, K;
+    int gshift;              /* log2(G) with G resolved (K for one group); 31 when G = K is not a power of two */
     int dtype, layout;       /* w4a16_dtype, W4A16_LAYOUT_* */
     int cfg, stages, splits; /* tile config id, pipeline depth, K splits across blocks */
     int smem_bytes;
@@ -38,9 +38,6 @@ int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int
 int w4a16_launch_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out, int cols,
                              void *stream);
 int w4a16_launch_awq_zero_points(const int32_t *in, int32_t *out, int rows, int N, void *stream);
-
-/* The __CUDA_ARCH_LIST__ this translation unit was compiled with, e.g. "800,860,...,1210". */
-const char *w4a16_kernel_arch_list(void);
 
 #ifdef __cplusplus
 }

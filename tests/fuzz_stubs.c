@@ -24,4 +24,3 @@ int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int
 int w4a16_launch_gather_rows(const void *in, int ri, const int32_t *idx, void *out, int ro, int c, void *st) {
     (void)in; (void)ri; (void)idx; (void)out; (void)ro; (void)c; (void)st; abort();
 }
-const char *w4a16_kernel_arch_list(void) { return ""; }

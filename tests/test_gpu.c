@@ -180,6 +180,18 @@ static void test_marlin_gptq(void **state) {
     stats_print("marlin gptq", &st);
 }
 
+/* A random permutation of 0..n-1 (Fisher-Yates); desc_act assigns a row's group by its rank in it. */
+static int *random_permutation(int n) {
+    int *pos = malloc(sizeof(int) * n);
+    for (int k = 0; k < n; k++) pos[k] = k;
+    for (int k = n - 1; k > 0; k--) {
+        int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1)), t = pos[k];
+        pos[k] = pos[j];
+        pos[j] = t;
+    }
+    return pos;
+}
+
 /* Act-order GEMM check: A [M, K_in] permuted (and widened to K_out) by d_perm, then the Marlin GEMM with group size
  * G on K_out rows, against cuBLAS of A with the dense weight dW [K_in, N] in the checkpoint's own row order. */
 static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, void *d_perm, int K_in, int K_out,
@@ -226,14 +238,8 @@ static void test_act_order_gptq(void **state) {
     stats st = {0};
     for (int d = 0; d < 2; d++) {
         w4a16_dtype dt = dtypes[d];
-        int *pos = malloc(sizeof(int) * K);
+        int *pos = random_permutation(K);
         int32_t *g_idx = malloc(sizeof(int32_t) * K), *perm = malloc(sizeof(int32_t) * K);
-        for (int k = 0; k < K; k++) pos[k] = k;
-        for (int k = K - 1; k > 0; k--) {
-            int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1)), t = pos[k];
-            pos[k] = pos[j];
-            pos[j] = t;
-        }
         for (int k = 0; k < K; k++) g_idx[k] = pos[k] / G;
         W4_CHECK(w4a16_act_order_sort(g_idx, K, G, perm, NULL));
         uint8_t *q = malloc((size_t)K * N);
@@ -268,13 +274,7 @@ static void test_act_order_shard(void **state) {
     stats st = {0};
     for (int d = 0; d < 2; d++) {
         w4a16_dtype dt = dtypes[d];
-        int *pos = malloc(sizeof(int) * KT);
-        for (int k = 0; k < KT; k++) pos[k] = k;
-        for (int k = KT - 1; k > 0; k--) {
-            int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1)), t = pos[k];
-            pos[k] = pos[j];
-            pos[j] = t;
-        }
+        int *pos = random_permutation(KT);
         int32_t *g_idx = malloc(sizeof(int32_t) * KS); /* this rank's rows: KS .. KT-1 of the layer */
         for (int k = 0; k < KS; k++) g_idx[k] = pos[KS + k] / G;
         int kp = 0;
