@@ -45,10 +45,14 @@ NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe 
 
 LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c
 REF_C    := csrc/reference.c csrc/marlin_ref.c
+# The Hopper wgmma GEMM exists only as sm_90a machine code; it is built when ARCHS includes 90.
+WGMMA    := $(if $(filter 90,$(ARCHS)),1,)
+WGMMA_DEF := $(if $(WGMMA),-DW4A16_HAVE_WGMMA=1,)
+WGMMA_OBJ := $(if $(WGMMA),$(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_sm90_$(d)_$(l).o)),)
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o \
-            $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o))
+            $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o)) $(WGMMA_OBJ)
 REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
-KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h
+KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h kernels/tiles.cuh kernels/gemm_sm90.cuh kernels/wgmma.cuh
 
 # rpath $ORIGIN: tests and the benchmark find libw4a16 and the cmocka / benchmark copies next to them,
 # so the build folder can travel to a GPU machine that lacks those packages.
@@ -67,7 +71,13 @@ $(BUILD)/csrc/%.o: csrc/%.c include/w4a16.h csrc/internal.h csrc/reference.h $(K
 
 $(BUILD)/kernels/convert.o: kernels/convert.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) $(WGMMA_DEF) -c $< -o $@
+
+# sm_90a only (wgmma), once per (dtype, layout)
+$(BUILD)/kernels/gemm_sm90_%.o: kernels/gemm_sm90.cu $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a \
+	    -DW4A16_INST_DTYPE=$(word 1,$(subst _, ,$*)) -DW4A16_INST_LAYOUT=$(word 2,$(subst _, ,$*)) -c $< -o $@
 
 # one GEMM source, compiled once per (dtype, layout) so make -j builds the four in parallel
 $(BUILD)/kernels/gemm_%.o: kernels/gemm_instance.cu $(KERNEL_H)

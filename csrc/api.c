@@ -6,8 +6,8 @@
 /* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
  * SM) idle; never more blocks than those slots (the workspace is sized for that), at most 16 splits, and every
  * split keeps at least 2 k-tiles. */
-static int choose_splits(const w4a16_gemm_config *cfg, int tiles, int num_kt, int sm_count) {
-    int slots = sm_count * cfg->minb;
+static int choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count) {
+    int slots = sm_count * blocks_per_sm;
     if (tiles * 2 > slots) return 1;
     int s = slots / tiles;
     if (s > num_kt / 2) s = num_kt / 2;
@@ -37,6 +37,30 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     w4a16_status s = w4a16_current_device(&device, &st);
     if (s != W4A16_OK) return s;
     const w4a16_profile *p = st->profile;
+    size_t need = w4a16_workspace_bytes_for(st->sm_count);
+    if (workspace_bytes > 0 && workspace_bytes < need)
+        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
+                          "w4a16_workspace_size() asks for on device %d", op, workspace_bytes, need, device);
+    w4a16_gemm_launch a = {0};
+    a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
+    a.M = M; a.N = N; a.K = K;
+    a.gshift = group_shift(G);
+    a.dtype = dtype;
+    a.layout = layout;
+    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
+    a.reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0;
+    a.counters = workspace;
+    a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
+    a.stream = stream;
+    a.splits = 1;
+    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper, large M: the wgmma kernel */
+        int tm, bn;
+        w4a16_gemm_wgmma_tile(&tm, &bn);
+        const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
+        a.wgmma = 1;
+        if (workspace_bytes > 0) a.splits = choose_splits(1, tiles_m * tiles_n, num_kt, st->sm_count); /* 1 block/SM */
+        return launch_status(w4a16_launch_gemm(&a), op);
+    }
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
                                   : M <= p->mid_max_m             ? &p->mid
                                   : M <= p->mid2_max_m            ? &p->mid2
@@ -54,30 +78,10 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
     const int tiles = tiles_m * tiles_n, bk = w4a16_cfg_bk(cfg), num_kt = (K + bk - 1) / bk;
-
-    size_t need = w4a16_workspace_bytes_for(st->sm_count);
-    int splits = 1;
-    if (workspace_bytes > 0) {
-        if (workspace_bytes < need)
-            return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
-                              "w4a16_workspace_size() asks for on device %d", op, workspace_bytes, need, device);
-        splits = choose_splits(cfg, tiles, num_kt, st->sm_count);
-    }
-    w4a16_gemm_launch a = {0};
-    a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
-    a.M = M; a.N = N; a.K = K;
-    a.gshift = group_shift(G);
-    a.dtype = dtype;
-    a.layout = layout;
+    if (workspace_bytes > 0) a.splits = choose_splits(cfg->minb, tiles, num_kt, st->sm_count);
     a.cfg = tc->cfg;
     a.stages = tc->stages;
-    a.splits = splits;
     a.smem_bytes = w4a16_cfg_smem_bytes(cfg, layout, tc->stages);
-    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
-    a.reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0;
-    a.counters = workspace;
-    a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
-    a.stream = stream;
     return launch_status(w4a16_launch_gemm(&a), op);
 }
 

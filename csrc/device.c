@@ -32,15 +32,16 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * 8 k16 steps per warp-stage win 5-20% there and lose 8-21% on large-N layers; the 100 KB parts keep cfg0).
  * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 27.3 KB, cfg2/3 26.3 KB, cfg4 13.6 KB. The decode config
  * takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
- * take one stage less for the larger tiles. */
+ * take one stage less for the larger tiles. The sm90 profile also names the M from which a compute capability 9.0
+ * device runs the sm_90a wgmma kernel. */
 static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
-    {"sm86", 86, "sm80", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
-    {"sm89", 89, "sm86", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
-    {"sm90", 90, "sm80", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
-    {"sm100", 100, "sm90", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}},
-    {"sm120", 120, "sm89", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
-    {"sm121", 121, "sm120", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}},
+    {"sm80", 80, NULL, 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, 0},
+    {"sm86", 86, "sm80", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, 0},
+    {"sm89", 89, "sm86", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, 0},
+    {"sm90", 90, "sm80", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, 65},
+    {"sm100", 100, "sm90", 16, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, 0},
+    {"sm120", 120, "sm89", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, 0},
+    {"sm121", 121, "sm120", 16, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, 0},
 };
 enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
 
@@ -178,6 +179,10 @@ static void init_state(int device, w4a16_device_state *st) {
                  prop.name, prop.major, prop.minor, cudaGetErrorString(e), w4a16_compiled_archs());
         return;
     }
+    if (arch == 90) { /* exactly 9.0: sm_90a images do not run on other Hopper-family parts */
+        st->wgmma = w4a16_probe_gemm_wgmma() == cudaSuccess && (size_t)w4a16_gemm_wgmma_smem_bytes() <= st->smem_optin;
+        cudaGetLastError();
+    }
     const char *forced = getenv("W4A16_PROFILE");
     const w4a16_profile *p = NULL;
     if (forced && *forced && strcmp(forced, "auto") != 0) {
@@ -207,10 +212,12 @@ static void init_state(int device, w4a16_device_state *st) {
     }
     st->profile = p;
     st->status = W4A16_OK;
-    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s",
+    char wg[64] = "";
+    if (st->wgmma && p->wgmma_min_m > 0) snprintf(wg, sizeof wg, ", wgmma kernel from M = %d", p->wgmma_min_m);
+    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
              p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
              prop.name, arch, st->sm_count, st->smem_optin / 1024,
-             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)");
+             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg);
     if (log_enabled()) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
 }
 
@@ -334,7 +341,8 @@ static size_t max_split_blocks(int sm_count) {
 }
 
 static size_t max_split_partial_bytes(int sm_count) {
-    size_t best = 0;
+    int tm, bn;
+    size_t best = w4a16_gemm_wgmma_tile(&tm, &bn) == 0 ? (size_t)sm_count * tm * bn * sizeof(float) : 0;
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
         const w4a16_gemm_config *c = &configs[i];
         size_t b = (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);

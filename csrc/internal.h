@@ -28,6 +28,7 @@ typedef struct w4a16_profile {
     int mid_max_m;          /* M <= this: `mid` */
     int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
     w4a16_tile_choice small, mid, mid2, large, large_awq, small_split;
+    int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
@@ -42,6 +43,7 @@ typedef struct w4a16_device_state {
     int sm_count;
     size_t smem_optin;
     const w4a16_profile *profile;
+    int wgmma;           /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
 } w4a16_device_state;
 
 /* The state of the current device; on error the status is recorded with its message and returned. */

@@ -28,6 +28,9 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
     default: asm volatile("cp.async.wait_group 6;\n" ::); break;
     }
 }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Four 8x8 b16 matrices in the exact register layout of an m16n8k16 A fragment.

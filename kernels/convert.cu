@@ -14,6 +14,18 @@ W4A16_DECL_(0, 1)
 W4A16_DECL_(1, 0)
 W4A16_DECL_(1, 1)
 #undef W4A16_DECL_
+#ifdef W4A16_HAVE_WGMMA
+#define W4A16_DECL_(d, l)                                                                                   \
+    int sm90_smem_bytes_##d##_##l();                                                                        \
+    int sm90_tile_##d##_##l(int *, int *);                                                                  \
+    cudaError_t launch_gemm_sm90_##d##_##l(const GemmArgs &, int, cudaStream_t);                            \
+    cudaError_t probe_gemm_sm90_##d##_##l(cudaFuncAttributes *);
+W4A16_DECL_(0, 0)
+W4A16_DECL_(0, 1)
+W4A16_DECL_(1, 0)
+W4A16_DECL_(1, 1)
+#undef W4A16_DECL_
+#endif
 
 // ---- AWQ dequantisation: one thread per packed word -> 8 adjacent outputs (one 16-byte store).
 template <typename T>
@@ -104,7 +116,19 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     g.marlin_channelwise = a->marlin_channelwise;
     g.reduce_dtype = a->reduce_dtype;
     cudaStream_t s = static_cast<cudaStream_t>(a->stream);
-    switch (a->dtype * 2 + a->layout) {
+    const int which = a->dtype * 2 + a->layout;
+    if (a->wgmma) {
+#ifdef W4A16_HAVE_WGMMA
+        switch (which) {
+        case 0: return launch_gemm_sm90_0_0(g, a->splits, s);
+        case 1: return launch_gemm_sm90_0_1(g, a->splits, s);
+        case 2: return launch_gemm_sm90_1_0(g, a->splits, s);
+        case 3: return launch_gemm_sm90_1_1(g, a->splits, s);
+        }
+#endif
+        return cudaErrorInvalidDeviceFunction;
+    }
+    switch (which) {
     case 0: return launch_gemm_0_0(g, a->cfg, a->splits, a->smem_bytes, s);
     case 1: return launch_gemm_0_1(g, a->cfg, a->splits, a->smem_bytes, s);
     case 2: return launch_gemm_1_0(g, a->cfg, a->splits, a->smem_bytes, s);
@@ -124,6 +148,38 @@ extern "C" int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_vers
     }
     if (e == cudaSuccess && binary_version) *binary_version = attr.binaryVersion;
     return e;
+}
+
+extern "C" int w4a16_probe_gemm_wgmma(void) {
+#ifdef W4A16_HAVE_WGMMA
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaSuccess;
+    if (e == cudaSuccess) e = probe_gemm_sm90_0_0(&attr);
+    if (e == cudaSuccess) e = probe_gemm_sm90_0_1(&attr);
+    if (e == cudaSuccess) e = probe_gemm_sm90_1_0(&attr);
+    if (e == cudaSuccess) e = probe_gemm_sm90_1_1(&attr);
+    return e;
+#else
+    return cudaErrorInvalidDeviceFunction;
+#endif
+}
+
+extern "C" int w4a16_gemm_wgmma_tile(int *tm, int *bn) {
+#ifdef W4A16_HAVE_WGMMA
+    return sm90_tile_0_0(tm, bn);
+#else
+    *tm = *bn = 0;
+    return -1;
+#endif
+}
+
+extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
+#ifdef W4A16_HAVE_WGMMA
+    int a = sm90_smem_bytes_0_0(), b = sm90_smem_bytes_0_1();
+    return a > b ? a : b;
+#else
+    return 0;
+#endif
 }
 
 extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,

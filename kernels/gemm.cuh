@@ -23,8 +23,7 @@
 // Preconditions (checked on the host before launch): N % 64 == 0, K % 32 == 0, K % G == 0, G >= 32,
 // 16-byte aligned A, C, weights, scales, zeros; 4-byte aligned bias; splits <= number of k-tiles.
 #pragma once
-#include "common.cuh"
-#include "configs.h"
+#include "tiles.cuh"
 
 namespace w4a16 {
 
@@ -52,14 +51,10 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     constexpr int NB = 8 / NH;                         // n8 blocks per warp
     constexpr int ABUF = MT > 4 ? 1 : 2;               // A fragments double-buffered unless registers are short
     constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = 16 * WK * KS;
-    constexpr int SLOTS = BK / 32;                     // scale rows a stage can need (G >= 32)
-    constexpr int SB_AWQ = BN / 8 + 4;                 // padded words per AWQ smem row
-    constexpr int CH_A = BK / 8;                       // 16-byte chunks per A row
-    constexpr int A_BYTES = BM * BK * 2;
-    constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB_AWQ * 4 : (BK / 16) * 2 * BN * 4;
-    constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
-    constexpr int STAGE_BYTES = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
-    static_assert(SLOTS * (BN / 8) <= THREADS, "one thread per scale chunk");
+    using ATile = ActTile<T, BM, BK, THREADS>;
+    using WTile = WeightTile<T, LAYOUT, BN, BK, NH, THREADS>;
+    constexpr int A_BYTES = ATile::BYTES;
+    constexpr int STAGE_BYTES = A_BYTES + WTile::BYTES;
 
     extern __shared__ __align__(16) unsigned char smem[];
 
@@ -82,75 +77,15 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const T *A = static_cast<const T *>(p.A);
     const T *S = static_cast<const T *>(p.scales);
 
-    // ---- producer: a per-thread copy plan fixed for the whole K loop; each stage advances it by one stride.
-    constexpr int A_CH = BM * CH_A, A_PER = (A_CH + THREADS - 1) / THREADS;
-    constexpr int B_CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2;      // 16-byte chunks per smem row
-    constexpr int B_ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
-    constexpr int B_CH = B_ROWS * B_CPR, B_PER = (B_CH + THREADS - 1) / THREADS;
-    const size_t b_stride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
-    const T *a_src[A_PER];
-    int a_k[A_PER];       // first k of the chunk; < 0 when the thread has no chunk there (or the row is >= M)
-    uint32_t a_dst[A_PER];
-    const uint32_t *b_src[B_PER];
-    int b_k[B_PER];
-    uint32_t b_dst[B_PER];
-#pragma unroll
-    for (int i = 0; i < A_PER; i++) {
-        int c = tid + i * THREADS, row = c / CH_A, ch = c % CH_A;
-        bool on = c < A_CH && m0 + row < M; // rows >= M are never stored, so never loaded
-        a_k[i] = on ? kt_begin * BK + ch * 8 : -1;
-        a_src[i] = A + (on ? (size_t)(m0 + row) * K + kt_begin * BK + ch * 8 : 0);
-        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
-    }
-#pragma unroll
-    for (int i = 0; i < B_PER; i++) {
-        int c = tid + i * THREADS, row = c / B_CPR, ch = c % B_CPR;
-        bool on = c < B_CH;
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            on = on && n0 + ch * 32 < N;
-            b_k[i] = on ? kt_begin * BK + row : -1;
-            b_src[i] = p.B + (on ? (size_t)(kt_begin * BK + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
-            b_dst[i] = A_BYTES + (row * SB_AWQ + ch * 4) * 4;
-        } else {
-            on = on && 2 * n0 + ch * 4 < 2 * N;
-            b_k[i] = on ? kt_begin * BK + row * 16 : -1;
-            b_src[i] = p.B + (on ? (size_t)(kt_begin * (BK / 16) + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
-            b_dst[i] = A_BYTES + (row * (2 * BN) + ch * 4) * 4;
-        }
-    }
+    // ---- producer: per-thread copy plans fixed for the whole K loop; each stage advances them by BK.
+    ATile at;
+    WTile wt;
+    at.plan(A, M, K, m0, kt_begin * BK, tid);
+    wt.plan(p.B, N, n0, kt_begin * BK, tid);
     auto load_stage = [&](int kt, int slot) {
         unsigned char *st = smem + slot * STAGE_BYTES;
-#pragma unroll
-        for (int i = 0; i < A_PER; i++) {
-            if (a_k[i] >= 0) {
-                bool ok = a_k[i] < K; // K tail: zero-filled, so it adds nothing
-                cp_async16(st + a_dst[i], ok ? a_src[i] : A, ok);
-                a_src[i] += BK;
-                a_k[i] += BK;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < B_PER; i++) {
-            if (b_k[i] >= 0) {
-                bool ok = b_k[i] < K;
-                cp_async16(st + b_dst[i], ok ? b_src[i] : p.B, ok);
-                b_src[i] += b_stride;
-                b_k[i] += BK;
-            }
-        }
-        const int g0 = (kt * BK) >> gshift;
-        T *sS = reinterpret_cast<T *>(st + A_BYTES + B_BYTES);
-        uint32_t *sZ = reinterpret_cast<uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES);
-        if (tid < slots_used * (BN / 8)) { // scale rows of the stage's groups
-            int sl = tid / (BN / 8), ch = tid % (BN / 8), col = n0 + ch * 8, g = min(g0 + sl, g_last);
-            bool ok = col < N;
-            cp_async16(sS + sl * BN + ch * 8, ok ? S + (size_t)g * N + col : S, ok);
-        }
-        if (p.zeros && tid < slots_used * (BN / 32)) {
-            int sl = tid / (BN / 32), ch = tid % (BN / 32), col = n0 + ch * 32, g = min(g0 + sl, g_last);
-            bool ok = col < N;
-            cp_async16(sZ + sl * (BN / 8) + ch * 4, ok ? p.zeros + (size_t)g * (N / 8) + col / 8 : p.zeros, ok);
-        }
+        at.issue(st, A, K);
+        wt.issue(st + A_BYTES, p.B, S, p.zeros, N, K, n0, kt * BK, gshift, g_last, slots_used, tid);
     };
 
     float acc[MT][NB][4];
@@ -161,38 +96,12 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    GroupConst<T> gc[NB];
-
-    // ---- consumer: per-group constants of this thread's NB n8 blocks (j0 ..), built with integer ops
     auto load_group = [&](const unsigned char *st, int sl) {
-        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
-        const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
-                             sl * (BN / 8) + wn * 8;
-        uint16_t s[8];
-        if (LAYOUT == W4A16_LAYOUT_MARLIN && p.marlin_channelwise) {
-            // scale_perm_single: within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
-            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
-#pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)];
-        } else {
-            // AWQ: block j <-> column 8r + ORDER[j]; Marlin grouped: position 8r + m holds column r + 8m.
-            uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
-            const uint16_t *pv = reinterpret_cast<const uint16_t *>(&v);
-#pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = pv[LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m];
-        }
-        uint32_t zw = p.zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
-#pragma unroll
-        for (int jj = 0; jj < NB; jj++) {
-            const int m = j0 + jj;
-            uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
-            gc[jj] = make_group_const_bits<T>(s[m], z);
-        }
+        wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);
     };
 
     // ---- fragments, double-buffered across k16 steps (A only when registers allow)
     uint32_t fa[ABUF][MT][4];
-    uint32_t fb[2][4]; // raw packed weights: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r; Marlin the lane's 16 bytes
     auto load_a = [&](const unsigned char *st, int ks, int buf) {
         const T *sA = reinterpret_cast<const T *>(st);
         const int kk = wk * KS + ks;
@@ -204,53 +113,13 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         }
     };
     auto load_frags = [&](const unsigned char *st, int ks, int buf) {
-        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st + A_BYTES);
-        const int kk = wk * KS + ks; // each warp owns a contiguous K range of the stage
         if constexpr (ABUF == 2) load_a(st, ks, buf);
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
-            fb[buf][0] = rowp[0];
-            fb[buf][1] = rowp[SB_AWQ];
-            fb[buf][2] = rowp[8 * SB_AWQ];
-            fb[buf][3] = rowp[9 * SB_AWQ];
-        } else if constexpr (NH == 1) {
-            uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
-            fb[buf][0] = v.x; fb[buf][1] = v.y; fb[buf][2] = v.z; fb[buf][3] = v.w;
-        } else { // this warp's half of the lane's 16 bytes: tiles 2wh, 2wh+1
-            uint2 v = reinterpret_cast<const uint2 *>(sB + kk * (2 * BN) + wn * 128 + lane * 4 + 2 * wh)[0];
-            fb[buf][0] = v.x; fb[buf][1] = v.y;
-        }
+        wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane, buf); // each warp owns a contiguous K range of the stage
     };
     auto compute = [&](const unsigned char *st, int ks, int buf) {
         if constexpr (ABUF == 1) load_a(st, ks, 0);
         uint32_t b[NB][2];
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            // nibbles 0-3 of each row word are blocks 0-3 (low half-words), nibbles 4-7 blocks 4-7
-            const uint32_t sel_lo = NH == 1 ? 0x5410u : (wh ? 0x7632u : 0x5410u);
-            uint32_t lo01 = prmt(fb[buf][0], fb[buf][1], sel_lo), hi01 = prmt(fb[buf][0], fb[buf][1], 0x7632);
-            uint32_t lo89 = prmt(fb[buf][2], fb[buf][3], sel_lo), hi89 = prmt(fb[buf][2], fb[buf][3], 0x7632);
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
-                uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
-                if (j % 2 == 0) {
-                    b[j][0] = dq_lo<T>(x0, gc[j]);
-                    b[j][1] = dq_lo<T>(x8, gc[j]);
-                } else {
-                    b[j][0] = dq_hi<T>(x0, gc[j]);
-                    b[j][1] = dq_hi<T>(x8, gc[j]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int t = 0; t < NB / 2; t++) {
-                uint32_t w = fb[buf][t];
-                b[2 * t][0] = dq_lo<T>(w, gc[2 * t]);
-                b[2 * t][1] = dq_hi<T>(w, gc[2 * t]);
-                b[2 * t + 1][0] = dq_lo<T>(w >> 8, gc[2 * t + 1]);
-                b[2 * t + 1][1] = dq_hi<T>(w >> 8, gc[2 * t + 1]);
-            }
-        }
+        wt.dequant(buf, wh, b);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll

@@ -1,0 +1,246 @@
+// w4a16 int4 dequant-GEMM for Hopper (sm_90a) on wgmma, for large M.
+//
+// The product is computed transposed, C^T = dequant(W)^T * A^T: output channels are the MMA's M dimension and
+// tokens its N dimension. That puts the dequantised weights in wgmma's register operand, straight from the
+// same per-thread dequantisation as the mma.sync kernel (a warp's B fragments of two n8 blocks are exactly one
+// warp's share of a wgmma m64k16 A operand), and the activations in its shared-memory operand, read through a
+// descriptor from the same 128-byte-swizzled tile the cp.async pipeline already writes. No weight ever goes
+// back to shared memory in fp16.
+//
+// Block: WG warpgroups; tile TM tokens x BN channels, BK = 64 per stage. Warp w owns NB = 8 / NH n8 blocks (quarter
+// or half wh = w % NH of the 64-channel group w / NH); each warpgroup issues II = NB / 2 wgmma m64nTMk16 per k16
+// step, one per pair of blocks (rows r and r + 8 of a warp's 16 rows are blocks 2ii and 2ii + 1, slot r).
+// Shipped (gemm_sm90.cu): 2 warpgroups, 256 tokens x 128 channels, one m64n256k16 per warpgroup and k16 step.
+// Pipeline: STAGES shared-memory slots; STAGES - 2 copies in flight, one slot being read by the wgmma batch
+// still running, one being consumed. The fragments of a batch (KPB k16 steps) are dequantised while the previous
+// batch runs, then that batch is waited for (wait_group 0: with register operands ptxas serialises every wgmma
+// if a second batch could still be in flight) and the new one issued.
+// Epilogue: accumulators (+ bias) -> shared memory as [token][channel] -> 16-byte coalesced stores.
+//
+// Split-K across blocks (gridDim.z > 1) as in gemm.cuh: partials in the workspace, the last block reduces.
+//
+// Preconditions (host): as gemm.cuh; splits <= number of k-tiles; TM x BN x splits x tiles within the workspace.
+#pragma once
+#include "gemm.cuh"
+#include "wgmma.cuh"
+
+namespace w4a16 {
+
+constexpr int SM90_BK = 64;
+
+// Tile of TM tokens x BN channels for WG warpgroups; a warp owns 8 / NH n8 blocks (NH warps share a 64-channel group).
+template <typename T, int LAYOUT, int TM, int NH, int WG> struct Sm90Shape {
+    static constexpr int THREADS = 128 * WG;
+    static constexpr int BN = 64 * (THREADS / 32) / NH;
+    using ATile = ActTile<T, TM, SM90_BK, THREADS>;
+    using WTile = WeightTile<T, LAYOUT, BN, SM90_BK, NH, THREADS>;
+    static constexpr int C_PITCH = BN + 8; // elements per staged C row (padding spreads the banks)
+    static constexpr int STAGE_BYTES = (ATile::BYTES + WTile::BYTES + 1023) / 1024 * 1024;
+    __host__ __device__ static constexpr int smem_bytes(int stages) {
+        return (stages * STAGE_BYTES > TM * C_PITCH * (int)sizeof(T) ? stages * STAGE_BYTES
+                                                                      : TM * C_PITCH * (int)sizeof(T)) +
+               1024; // + alignment slack for the 1024-byte swizzle atoms
+    }
+};
+
+template <typename T, int LAYOUT, int TM, int NH, int WG, int STAGES, int MINB, int KPB>
+__global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArgs p) {
+    using D = Dtype<T>;
+    using Shape = Sm90Shape<T, LAYOUT, TM, NH, WG>;
+    constexpr int THREADS = Shape::THREADS;
+    using ATile = typename Shape::ATile;
+    using WTile = typename Shape::WTile;
+    constexpr int BN = Shape::BN, BK = SM90_BK, NB = 8 / NH, II = NB / 2, ACC = TM / 2, NBATCH = 4 / KPB;
+    constexpr int STAGE_BYTES = Shape::STAGE_BYTES, C_PITCH = Shape::C_PITCH;
+    static_assert(ATile::BYTES % 1024 == 0, "wgmma tiles must stay 1024-byte aligned");
+
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem =
+        smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wn = warp / NH, wh = warp % NH, j0 = wh * NB;
+    const int m0 = blockIdx.x * TM, n0 = blockIdx.y * BN;
+    const int M = p.M, N = p.N, K = p.K;
+    const int num_kt = (K + BK - 1) / BK;
+    const int splits = gridDim.z, split = blockIdx.z; // split-K across blocks: k-tiles [kt_begin, kt_end)
+    const int kt_begin = (int)((long long)split * num_kt / splits);
+    const int nk = (int)((long long)(split + 1) * num_kt / splits) - kt_begin;
+    constexpr int AHEAD = STAGES - 2;
+    const int gshift = p.gshift, g_last = (K - 1) >> gshift;
+    const int slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
+    const T *A = static_cast<const T *>(p.A);
+    const T *S = static_cast<const T *>(p.scales);
+
+    ATile at;
+    WTile wt;
+    at.plan(A, M, K, m0, kt_begin * BK, tid);
+    wt.plan(p.B, N, n0, kt_begin * BK, tid);
+    auto load_stage = [&](int kt, int slot) {
+        unsigned char *st = smem + slot * STAGE_BYTES;
+        at.issue(st, A, K);
+        wt.issue(st + ATile::BYTES, p.B, S, p.zeros, N, K, n0, kt * BK, gshift, g_last, slots_used, tid);
+    };
+
+    float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
+
+    for (int s = 0; s < AHEAD; s++) {
+        if (s < nk) load_stage(kt_begin + s, s);
+        cp_async_commit();
+    }
+    // A fragments of a stage's wgmma batches (KPB k16 steps each): [batch][k16 step][wgmma x 4 registers]
+    uint32_t a[NBATCH][KPB][4 * II];
+#pragma unroll
+    for (int h = 0; h < NBATCH; h++)
+#pragma unroll
+        for (int kh = 0; kh < KPB; kh++)
+#pragma unroll
+            for (int e = 0; e < 4 * II; e++) a[h][kh][e] = 0;
+    int cur_group = -1;
+    int i = 0, slot = 0, pf_slot = AHEAD; // slots of stage i and of stage i + AHEAD
+    do { // nk >= 1: K >= 32, and the host gives every split at least one k-tile
+        cp_async_wait<AHEAD - 1>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        {
+            if (i + AHEAD < nk) load_stage(kt_begin + i + AHEAD, pf_slot);
+            pf_slot = pf_slot + 1 == STAGES ? 0 : pf_slot + 1;
+            cp_async_commit();
+        }
+        const unsigned char *st = smem + slot * STAGE_BYTES;
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+        const unsigned char *wst = st + ATile::BYTES;
+        const int k0 = (kt_begin + i) * BK;
+        uint64_t desc[4]; // the stage's activation tile at k16 steps 0..3
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) desc[ks] = smem_desc_sw128(st + ks * 32);
+#pragma unroll
+        for (int h = 0; h < NBATCH; h++) {
+#pragma unroll
+            for (int kh = 0; kh < KPB; kh++) {
+                const int ks = KPB * h + kh;
+                const int g = (k0 + ks * 16) >> gshift;
+                if (g != cur_group) {
+                    cur_group = g;
+                    wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
+                             p.marlin_channelwise);
+                }
+                wt.fetch(wst, ks, wn, wh, lane, 0);
+                uint32_t b[NB][2];
+                wt.dequant(0, wh, b);
+#pragma unroll
+                for (int ii = 0; ii < II; ii++) {
+                    a[h][kh][4 * ii + 0] = b[2 * ii][0];     // row r,     k 2q..2q+1
+                    a[h][kh][4 * ii + 1] = b[2 * ii + 1][0]; // row r + 8, k 2q..2q+1
+                    a[h][kh][4 * ii + 2] = b[2 * ii][1];     // row r,     k 2q+8..2q+9
+                    a[h][kh][4 * ii + 3] = b[2 * ii + 1][1]; // row r + 8, k 2q+8..2q+9
+                }
+            }
+            wgmma_wait<0>();
+            wgmma_fence();
+#pragma unroll
+            for (int kh = 0; kh < KPB; kh++)
+#pragma unroll
+                for (int ii = 0; ii < II; ii++)
+                    Wgmma<T, TM>::mma(acc[ii], &a[h][kh][4 * ii], desc[KPB * h + kh], i + h + kh > 0);
+            wgmma_commit();
+        }
+    } while (++i < nk);
+    wgmma_wait<0>();
+    fence_operands(acc[0]);
+    fence_operands(acc[1]);
+    cp_async_wait_all();
+
+    // ---- split-K across blocks: fp32 (or T) partials to the workspace, the last block of the tile adds them in
+    // split order (deterministic), resets the tile's counter and goes on to the epilogue.
+    if (splits > 1) {
+        constexpr int V = II * ACC / 4; // float4 per thread
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        float4 *base = p.partials + (size_t)tile * splits * (V * THREADS);
+        float4 *mine = base + (size_t)split * (V * THREADS) + tid;
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const float *x = &acc[v / (ACC / 4)][4 * (v % (ACC / 4))];
+            if (p.reduce_dtype) {
+                typename D::T2 lo, hi;
+                lo.x = D::from_float(x[0]); lo.y = D::from_float(x[1]);
+                hi.x = D::from_float(x[2]); hi.y = D::from_float(x[3]);
+                __stcg(reinterpret_cast<uint2 *>(mine + v * THREADS), make_uint2(as_u32(lo), as_u32(hi)));
+            } else {
+                __stcg(mine + v * THREADS, make_float4(x[0], x[1], x[2], x[3]));
+            }
+        }
+        __threadfence();
+        __shared__ int s_last;
+        __syncthreads();
+        if (tid == 0) {
+            int prev = atomicAdd(p.counters + tile, 1);
+            s_last = prev == splits - 1;
+            if (s_last) p.counters[tile] = 0; // every split has arrived: leave the workspace zeroed
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
+                const float4 *src = base + (size_t)sp * (V * THREADS) + v * THREADS + tid;
+                float4 u;
+                if (p.reduce_dtype) {
+                    uint2 w = __ldcg(reinterpret_cast<const uint2 *>(src));
+                    auto lo = D::from_bits(w.x), hi = D::from_bits(w.y);
+                    u = make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
+                } else {
+                    u = __ldcg(src);
+                }
+                sum.x += u.x; sum.y += u.y; sum.z += u.z; sum.w += u.w;
+            }
+            float *x = &acc[v / (ACC / 4)][4 * (v % (ACC / 4))];
+            x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
+        }
+    }
+    __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there
+
+    // ---- epilogue: this thread holds channels (blocks 2ii + h, slot r) x tokens 8c + 2q + e
+    T *sC = reinterpret_cast<T *>(smem);
+    const T *bias = static_cast<const T *>(p.bias);
+    const int q = lane & 3, r = lane >> 2;
+#pragma unroll
+    for (int ii = 0; ii < II; ii++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int ch = 64 * wn + weight_column<LAYOUT>(j0 + 2 * ii + h, r);
+            const float bv = bias && n0 + ch < N ? D::to_float(bias[n0 + ch]) : 0.f;
+#pragma unroll
+            for (int c = 0; c < TM / 8; c++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sC[(8 * c + 2 * q + e) * C_PITCH + ch] = D::from_float(acc[ii][4 * c + 2 * h + e] + bv);
+        }
+    }
+    __syncthreads();
+    T *C = static_cast<T *>(p.C);
+    constexpr int CPR = BN / 8; // 16-byte chunks per row
+#pragma unroll 4
+    for (int c = tid; c < TM * CPR; c += THREADS) {
+        const int row = c / CPR, col = (c % CPR) * 8;
+        if (m0 + row < M && n0 + col < N)
+            *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * N + n0 + col) =
+                *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
+    }
+}
+
+template <typename T, int LAYOUT, int TM, int NH, int WG, int STAGES, int MINB, int KPB>
+cudaError_t launch_gemm_sm90(const GemmArgs &a, int splits, cudaStream_t stream) {
+    using Shape = Sm90Shape<T, LAYOUT, TM, NH, WG>;
+    auto kern = gemm_sm90_kernel<T, LAYOUT, TM, NH, WG, STAGES, MINB, KPB>;
+    const int smem_bytes = Shape::smem_bytes(STAGES);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return e;
+    dim3 grid((a.M + TM - 1) / TM, (a.N + Shape::BN - 1) / Shape::BN, splits);
+    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace w4a16

@@ -1,0 +1,141 @@
+// Hopper (sm_90a) warpgroup MMA: the few PTX instructions the wgmma GEMM uses, one wrapper each.
+// Compiled only into the sm_90a image (wgmma does not exist on sm_80/86/89/120/121, and sm_100 has its own
+// tensor-core path): the host dispatches here only on compute capability 9.0 after probing the image.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace w4a16 {
+
+// Shared-memory matrix descriptor of a K-major tile written with 128-byte rows, 16-byte chunks XOR-swizzled by
+// row (ActTile with BK = 64), the tile base 1024-byte aligned: 8-row core groups 1024 bytes apart (stride byte
+// offset); the leading byte offset is unused by swizzled K-major layouts. A k16 step inside the 128-byte row is
+// addressed by advancing the start address by 32 bytes: the hardware applies the swizzle to the final address.
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void *tile) {
+    uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+// Orders this warpgroup's register writes (A fragments, accumulators) before the wgmma that reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Closes the batch of wgmma issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed batches are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async wrote the tile through the generic proxy; wgmma reads it through the async proxy.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins accumulator registers at this point of the program: the compiler must not move their reads or writes
+// across a wgmma wait (the hardware writes them asynchronously).
+template <int N> __device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for wgmma register operands (A fragments): keeps them in their registers until this point, so a
+// batch still running never sees them reused.
+template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t (&a)[R][N]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < N; j++) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
+// wgmma m64nNk16 with A (4 registers per thread: the m16n8k16 A-fragment layout per warp, warp w of the
+// warpgroup holding rows 16w..16w+15) and B (K-major, descriptor) -> fp32 accumulators d (N/2 per thread:
+// rows r and r + 8 of the warp's slab, columns 8c + 2q, 8c + 2q + 1). `accumulate` 0 overwrites d.
+#define W4A16_WGMMA_N256_(TY)                                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                                \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+                 "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
+                 "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,"   \
+                 "%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,"   \
+                 "%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,"     \
+                 "%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"  \
+                 "}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"                                           \
+        : "+f"(d[0]),"+f"(d[1]),"+f"(d[2]),"+f"(d[3]),"+f"(d[4]),"+f"(d[5]),"+f"(d[6]),"+f"(d[7]),"+f"(d[8]), \
+          "+f"(d[9]),"+f"(d[10]),"+f"(d[11]),"+f"(d[12]),"+f"(d[13]),"+f"(d[14]),"+f"(d[15]),"+f"(d[16]),     \
+          "+f"(d[17]),"+f"(d[18]),"+f"(d[19]),"+f"(d[20]),"+f"(d[21]),"+f"(d[22]),"+f"(d[23]),"+f"(d[24]),    \
+          "+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31]),"+f"(d[32]),    \
+          "+f"(d[33]),"+f"(d[34]),"+f"(d[35]),"+f"(d[36]),"+f"(d[37]),"+f"(d[38]),"+f"(d[39]),"+f"(d[40]),    \
+          "+f"(d[41]),"+f"(d[42]),"+f"(d[43]),"+f"(d[44]),"+f"(d[45]),"+f"(d[46]),"+f"(d[47]),"+f"(d[48]),    \
+          "+f"(d[49]),"+f"(d[50]),"+f"(d[51]),"+f"(d[52]),"+f"(d[53]),"+f"(d[54]),"+f"(d[55]),"+f"(d[56]),    \
+          "+f"(d[57]),"+f"(d[58]),"+f"(d[59]),"+f"(d[60]),"+f"(d[61]),"+f"(d[62]),"+f"(d[63]),"+f"(d[64]),    \
+          "+f"(d[65]),"+f"(d[66]),"+f"(d[67]),"+f"(d[68]),"+f"(d[69]),"+f"(d[70]),"+f"(d[71]),"+f"(d[72]),    \
+          "+f"(d[73]),"+f"(d[74]),"+f"(d[75]),"+f"(d[76]),"+f"(d[77]),"+f"(d[78]),"+f"(d[79]),"+f"(d[80]),    \
+          "+f"(d[81]),"+f"(d[82]),"+f"(d[83]),"+f"(d[84]),"+f"(d[85]),"+f"(d[86]),"+f"(d[87]),"+f"(d[88]),    \
+          "+f"(d[89]),"+f"(d[90]),"+f"(d[91]),"+f"(d[92]),"+f"(d[93]),"+f"(d[94]),"+f"(d[95]),"+f"(d[96]),    \
+          "+f"(d[97]),"+f"(d[98]),"+f"(d[99]),"+f"(d[100]),"+f"(d[101]),"+f"(d[102]),"+f"(d[103]),            \
+          "+f"(d[104]),"+f"(d[105]),"+f"(d[106]),"+f"(d[107]),"+f"(d[108]),"+f"(d[109]),"+f"(d[110]),         \
+          "+f"(d[111]),"+f"(d[112]),"+f"(d[113]),"+f"(d[114]),"+f"(d[115]),"+f"(d[116]),"+f"(d[117]),         \
+          "+f"(d[118]),"+f"(d[119]),"+f"(d[120]),"+f"(d[121]),"+f"(d[122]),"+f"(d[123]),"+f"(d[124]),         \
+          "+f"(d[125]),"+f"(d[126]),"+f"(d[127])                                                              \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate))
+
+#define W4A16_WGMMA_N128_(TY)                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                            \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+                 "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
+                 "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                        \
+                 "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"                                                \
+        : "+f"(d[0]),"+f"(d[1]),"+f"(d[2]),"+f"(d[3]),"+f"(d[4]),"+f"(d[5]),"+f"(d[6]),"+f"(d[7]),"+f"(d[8]),   \
+        "+f"(d[9]),"+f"(d[10]),"+f"(d[11]),"+f"(d[12]),"+f"(d[13]),"+f"(d[14]),"+f"(d[15]),"+f"(d[16]),       \
+        "+f"(d[17]),"+f"(d[18]),"+f"(d[19]),"+f"(d[20]),"+f"(d[21]),"+f"(d[22]),"+f"(d[23]),"+f"(d[24]),      \
+        "+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31]),"+f"(d[32]),      \
+        "+f"(d[33]),"+f"(d[34]),"+f"(d[35]),"+f"(d[36]),"+f"(d[37]),"+f"(d[38]),"+f"(d[39]),"+f"(d[40]),      \
+        "+f"(d[41]),"+f"(d[42]),"+f"(d[43]),"+f"(d[44]),"+f"(d[45]),"+f"(d[46]),"+f"(d[47]),"+f"(d[48]),      \
+        "+f"(d[49]),"+f"(d[50]),"+f"(d[51]),"+f"(d[52]),"+f"(d[53]),"+f"(d[54]),"+f"(d[55]),"+f"(d[56]),      \
+        "+f"(d[57]),"+f"(d[58]),"+f"(d[59]),"+f"(d[60]),"+f"(d[61]),"+f"(d[62]),"+f"(d[63])                   \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate))
+
+#define W4A16_WGMMA_N64_(TY)                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+                 "%25,%26,%27,%28,%29,%30,%31"                                                                \
+                 "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                \
+        : "+f"(d[0]),"+f"(d[1]),"+f"(d[2]),"+f"(d[3]),"+f"(d[4]),"+f"(d[5]),"+f"(d[6]),"+f"(d[7]),"+f"(d[8]),   \
+        "+f"(d[9]),"+f"(d[10]),"+f"(d[11]),"+f"(d[12]),"+f"(d[13]),"+f"(d[14]),"+f"(d[15]),"+f"(d[16]),       \
+        "+f"(d[17]),"+f"(d[18]),"+f"(d[19]),"+f"(d[20]),"+f"(d[21]),"+f"(d[22]),"+f"(d[23]),"+f"(d[24]),      \
+        "+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31])                   \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate))
+
+template <typename T, int N> struct Wgmma;
+template <> struct Wgmma<__half, 256> {
+    __device__ static __forceinline__ void mma(float (&d)[128], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N256_("f16");
+    }
+};
+template <> struct Wgmma<__nv_bfloat16, 256> {
+    __device__ static __forceinline__ void mma(float (&d)[128], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N256_("bf16");
+    }
+};
+template <> struct Wgmma<__half, 128> {
+    __device__ static __forceinline__ void mma(float (&d)[64], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N128_("f16");
+    }
+};
+template <> struct Wgmma<__nv_bfloat16, 128> {
+    __device__ static __forceinline__ void mma(float (&d)[64], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N128_("bf16");
+    }
+};
+template <> struct Wgmma<__half, 64> {
+    __device__ static __forceinline__ void mma(float (&d)[32], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N64_("f16");
+    }
+};
+template <> struct Wgmma<__nv_bfloat16, 64> {
+    __device__ static __forceinline__ void mma(float (&d)[32], const uint32_t a[4], uint64_t desc, int accumulate) {
+        W4A16_WGMMA_N64_("bf16");
+    }
+};
+#undef W4A16_WGMMA_N256_
+#undef W4A16_WGMMA_N128_
+#undef W4A16_WGMMA_N64_
+
+} // namespace w4a16
