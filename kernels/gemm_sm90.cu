@@ -17,7 +17,7 @@ namespace w4a16 {
 // The shipped tile and its experiment knobs (docs/PERFORMANCE.md v8 records what each setting measured):
 //   W4A16_SM90_TM     tokens per tile: 256 (channels 128, NH = 4) or 128 (channels 256 with 2 warpgroups, NH = 2)
 //   W4A16_SM90_WG     warpgroups per block: 2 (one block per SM) or 1 (two blocks per SM)
-//   W4A16_SM90_KPB    k16 steps per wgmma batch: 4 (one batch per stage) or 2
+//   W4A16_SM90_KPB    k16 steps per wgmma batch: 2 (two batches per stage, so the fragment registers alternate)
 //   W4A16_SM90_STAGES pipeline slots: 5 x 38 KB for 256 x 128 fits the 227 KB of an H100 / H200
 #ifndef W4A16_SM90_TM
 #define W4A16_SM90_TM 256
@@ -26,7 +26,7 @@ namespace w4a16 {
 #define W4A16_SM90_WG 2
 #endif
 #ifndef W4A16_SM90_KPB
-#define W4A16_SM90_KPB 4
+#define W4A16_SM90_KPB 2
 #endif
 #ifndef W4A16_SM90_STAGES
 #define W4A16_SM90_STAGES 5

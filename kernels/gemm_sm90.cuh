@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     using WTile = typename Shape::WTile;
     constexpr int BN = Shape::BN, BK = SM90_BK, NB = 8 / NH, II = NB / 2, ACC = TM / 2, NBATCH = 4 / KPB;
     constexpr int STAGE_BYTES = Shape::STAGE_BYTES, C_PITCH = Shape::C_PITCH;
+    // Fragments of batch b + 1 are written while batch b still reads its own registers: two buffers at least.
+    static_assert(NBATCH >= 2, "the wgmma fragment registers need double buffering across batches");
     static_assert(ATile::BYTES % 1024 == 0, "wgmma tiles must stay 1024-byte aligned");
 
     extern __shared__ unsigned char smem_raw[];
@@ -136,8 +138,9 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
                     a[h][kh][4 * ii + 3] = b[2 * ii + 1][1]; // row r + 8, k 2q+8..2q+9
                 }
             }
-            wgmma_wait<0>();
-            wgmma_fence();
+            wgmma_wait<0>();                         // the previous batch has finished reading its fragments ...
+            fence_operands(a[(h + NBATCH - 1) % NBATCH]); // ... which stay in their registers until here, so the
+            wgmma_fence();                           // dequantisation above cannot have been given the same ones
 #pragma unroll
             for (int kh = 0; kh < KPB; kh++)
 #pragma unroll
