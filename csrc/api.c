@@ -68,6 +68,12 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
                                                                   : &p->large_awq;
     const w4a16_gemm_config *cfg = w4a16_config(tc->cfg);
     int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
+    if (tc == &p->mid && (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn) >= st->sm_count) {
+        tc = &p->mid_wide; /* wide layer: enough blocks without the 8-warp tile; the 4-warp one runs two per SM */
+        cfg = w4a16_config(tc->cfg);
+        bm = w4a16_cfg_bm(cfg);
+        bn = w4a16_cfg_bn(cfg);
+    }
     if (tc == &p->small && (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn) < 2LL * st->sm_count) {
         tc = &p->small_split; /* K will be split across blocks: the deeper stage amortises its fixed costs better */
         cfg = w4a16_config(tc->cfg);

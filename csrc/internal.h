@@ -28,6 +28,7 @@ typedef struct w4a16_profile {
     int mid_max_m;          /* M <= this: `mid` */
     int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
     w4a16_tile_choice small, mid, mid2, large, large_awq, small_split;
+    w4a16_tile_choice mid_wide; /* mid M when `mid`'s tiles alone fill every SM (wide layers) */
     int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel */
 } w4a16_profile;
 
