@@ -53,12 +53,11 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
     a.splits = 1;
-    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper, large M: the wgmma kernel */
-        int tm, bn;
-        w4a16_gemm_wgmma_tile(&tm, &bn);
+    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper: the wgmma kernels */
+        const int id = M >= p->wgmma_large_min_m ? 0 : 1, tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
         const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
-        a.wgmma = 1;
-        if (workspace_bytes > 0) a.splits = choose_splits(1, tiles_m * tiles_n, num_kt, st->sm_count); /* 1 block/SM */
+        a.wgmma = 1 + id;
+        if (workspace_bytes > 0) a.splits = choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count);
         return launch_status(w4a16_launch_gemm(&a), op);
     }
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small

@@ -35,15 +35,15 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * take one stage less for the larger tiles. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
  * Mid M on wide layers (the mid tile's blocks alone fill every SM) takes the 4-warp 64x128 tile (`mid_wide`):
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
- * device runs the sm_90a wgmma kernel. */
+ * device runs the sm_90a wgmma kernel (128-token tile up to M = 128, 256-token tile above). */
 static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0},
-    {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0},
-    {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0},
-    {"sm90", 90, "sm80", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 65},
-    {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0},
-    {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0},
-    {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0},
+    {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0},
+    {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
+    {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
+    {"sm90", 90, "sm80", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 65, 129},
+    {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0},
+    {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
+    {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
 };
 enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
 
@@ -216,7 +216,9 @@ static void init_state(int device, w4a16_device_state *st) {
     st->profile = p;
     st->status = W4A16_OK;
     char wg[64] = "";
-    if (st->wgmma && p->wgmma_min_m > 0) snprintf(wg, sizeof wg, ", wgmma kernel from M = %d", p->wgmma_min_m);
+    if (st->wgmma && p->wgmma_min_m > 0)
+        snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)", p->wgmma_min_m,
+                 p->wgmma_large_min_m);
     snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
              p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
              prop.name, arch, st->sm_count, st->smem_optin / 1024,
@@ -344,8 +346,11 @@ static size_t max_split_blocks(int sm_count) {
 }
 
 static size_t max_split_partial_bytes(int sm_count) {
-    int tm, bn;
-    size_t best = w4a16_gemm_wgmma_tile(&tm, &bn) == 0 ? (size_t)sm_count * tm * bn * sizeof(float) : 0;
+    size_t best = 0;
+    for (int i = 0; i < W4A16_NUM_WGMMA_CONFIGS; i++) {
+        size_t b = (size_t)sm_count * w4a16_wgmma_minb(i) * w4a16_wgmma_tm(i) * w4a16_wgmma_bn(i) * sizeof(float);
+        if (b > best) best = b;
+    }
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
         const w4a16_gemm_config *c = &configs[i];
         size_t b = (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);

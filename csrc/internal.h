@@ -29,7 +29,8 @@ typedef struct w4a16_profile {
     int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
     w4a16_tile_choice small, mid, mid2, large, large_awq, small_split;
     w4a16_tile_choice mid_wide; /* mid M when `mid`'s tiles alone fill every SM (wide layers) */
-    int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel */
+    int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel, */
+    int wgmma_large_min_m;  /* its 128-token tile (W4A16_WGMMA_CONFIGS 1) below this M, its 256-token tile (0) from it */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

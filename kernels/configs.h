@@ -23,6 +23,35 @@
 
 enum { W4A16_NUM_GEMM_CONFIGS = 6 };
 
+/* Hopper wgmma GEMM tiles (sm_90a only; kernels/gemm_sm90.cuh):
+ *   X(id, TM, NH, WG, STAGES, MINB, KPB)
+ *   TM tokens per block (the wgmma N), WG warpgroups, NH warps per 64-channel group: BN = 64 * 4 * WG / NH channels,
+ *   STAGES pipeline slots, MINB blocks per SM, KPB k16 steps per wgmma batch (two batches per stage at least). */
+#define W4A16_WGMMA_CONFIGS(X)                                                                         \
+    X(0, 256, 4, 2, 5, 1, 2) /* M > 128: 256 tokens x 128 channels (5 x 38 KB) */                      \
+    X(1, 128, 2, 2, 5, 1, 2) /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */
+
+enum { W4A16_NUM_WGMMA_CONFIGS = 2 };
+
+static inline int w4a16_wgmma_tm(int id) {
+#define W4A16_WG_TM_(i, TM, NH, WG, ST, MINB, KPB) if (id == i) return TM;
+    W4A16_WGMMA_CONFIGS(W4A16_WG_TM_)
+#undef W4A16_WG_TM_
+    return 0;
+}
+static inline int w4a16_wgmma_bn(int id) {
+#define W4A16_WG_BN_(i, TM, NH, WG, ST, MINB, KPB) if (id == i) return 64 * 4 * WG / NH;
+    W4A16_WGMMA_CONFIGS(W4A16_WG_BN_)
+#undef W4A16_WG_BN_
+    return 0;
+}
+static inline int w4a16_wgmma_minb(int id) {
+#define W4A16_WG_MINB_(i, TM, NH, WG, ST, MINB, KPB) if (id == i) return MINB;
+    W4A16_WGMMA_CONFIGS(W4A16_WG_MINB_)
+#undef W4A16_WG_MINB_
+    return 0;
+}
+
 /* Weight layouts the GEMM kernel reads. */
 enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
 

@@ -16,10 +16,9 @@ W4A16_DECL_(1, 1)
 #undef W4A16_DECL_
 #ifdef W4A16_HAVE_WGMMA
 #define W4A16_DECL_(d, l)                                                                                   \
-    int sm90_smem_bytes_##d##_##l();                                                                        \
-    int sm90_tile_##d##_##l(int *, int *);                                                                  \
-    cudaError_t launch_gemm_sm90_##d##_##l(const GemmArgs &, int, cudaStream_t);                            \
-    cudaError_t probe_gemm_sm90_##d##_##l(cudaFuncAttributes *);
+    int sm90_smem_bytes_##d##_##l(int);                                                                     \
+    cudaError_t launch_gemm_sm90_##d##_##l(const GemmArgs &, int, int, cudaStream_t);                       \
+    cudaError_t probe_gemm_sm90_##d##_##l(int, cudaFuncAttributes *);
 W4A16_DECL_(0, 0)
 W4A16_DECL_(0, 1)
 W4A16_DECL_(1, 0)
@@ -120,10 +119,10 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     if (a->wgmma) {
 #ifdef W4A16_HAVE_WGMMA
         switch (which) {
-        case 0: return launch_gemm_sm90_0_0(g, a->splits, s);
-        case 1: return launch_gemm_sm90_0_1(g, a->splits, s);
-        case 2: return launch_gemm_sm90_1_0(g, a->splits, s);
-        case 3: return launch_gemm_sm90_1_1(g, a->splits, s);
+        case 0: return launch_gemm_sm90_0_0(g, a->wgmma - 1, a->splits, s);
+        case 1: return launch_gemm_sm90_0_1(g, a->wgmma - 1, a->splits, s);
+        case 2: return launch_gemm_sm90_1_0(g, a->wgmma - 1, a->splits, s);
+        case 3: return launch_gemm_sm90_1_1(g, a->wgmma - 1, a->splits, s);
         }
 #endif
         return cudaErrorInvalidDeviceFunction;
@@ -154,32 +153,28 @@ extern "C" int w4a16_probe_gemm_wgmma(void) {
 #ifdef W4A16_HAVE_WGMMA
     cudaFuncAttributes attr;
     cudaError_t e = cudaSuccess;
-    if (e == cudaSuccess) e = probe_gemm_sm90_0_0(&attr);
-    if (e == cudaSuccess) e = probe_gemm_sm90_0_1(&attr);
-    if (e == cudaSuccess) e = probe_gemm_sm90_1_0(&attr);
-    if (e == cudaSuccess) e = probe_gemm_sm90_1_1(&attr);
+    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS && e == cudaSuccess; id++) {
+        if (e == cudaSuccess) e = probe_gemm_sm90_0_0(id, &attr);
+        if (e == cudaSuccess) e = probe_gemm_sm90_0_1(id, &attr);
+        if (e == cudaSuccess) e = probe_gemm_sm90_1_0(id, &attr);
+        if (e == cudaSuccess) e = probe_gemm_sm90_1_1(id, &attr);
+    }
     return e;
 #else
     return cudaErrorInvalidDeviceFunction;
 #endif
 }
 
-extern "C" int w4a16_gemm_wgmma_tile(int *tm, int *bn) {
-#ifdef W4A16_HAVE_WGMMA
-    return sm90_tile_0_0(tm, bn);
-#else
-    *tm = *bn = 0;
-    return -1;
-#endif
-}
-
 extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
+    int r = 0;
 #ifdef W4A16_HAVE_WGMMA
-    int a = sm90_smem_bytes_0_0(), b = sm90_smem_bytes_0_1();
-    return a > b ? a : b;
-#else
-    return 0;
+    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS; id++) {
+        int a = sm90_smem_bytes_0_0(id), b = sm90_smem_bytes_0_1(id);
+        r = a > r ? a : r;
+        r = b > r ? b : r;
+    }
 #endif
+    return r;
 }
 
 extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,

@@ -21,7 +21,7 @@ typedef struct w4a16_gemm_launch {
     int smem_bytes;
     int marlin_channelwise;
     int reduce_dtype;        /* W4A16_FLAG_REDUCE_IN_DTYPE */
-    int wgmma;               /* 1: the sm_90a wgmma kernel (cfg, stages, smem_bytes unused) */
+    int wgmma;               /* 1 + id of W4A16_WGMMA_CONFIGS: the sm_90a wgmma kernel (cfg, stages, smem_bytes unused) */
     void *counters, *partials; /* workspace parts; unused when splits == 1 */
     void *stream;
 } w4a16_gemm_launch;
@@ -29,12 +29,10 @@ typedef struct w4a16_gemm_launch {
 int w4a16_launch_gemm(const w4a16_gemm_launch *a);
 /* cudaFuncGetAttributes on one GEMM instance: loads its image, so it tells whether this GPU can run it. */
 int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version);
-/* Loads the four sm_90a wgmma GEMM images: cudaSuccess only on a device that runs them (compute capability 9.0)
+/* Loads every sm_90a wgmma GEMM image: cudaSuccess only on a device that runs them (compute capability 9.0)
  * and in a build that holds them (ARCHS includes 90). */
 int w4a16_probe_gemm_wgmma(void);
-/* Tile of the wgmma GEMM: tokens (M) x channels (N) per block; -1 and zeros when it is not compiled in. */
-int w4a16_gemm_wgmma_tile(int *tm, int *bn);
-/* Shared memory per block of the wgmma GEMM (0 when it is not compiled in). */
+/* Largest shared memory per block of the wgmma GEMM tiles (0 when they are not compiled in). */
 int w4a16_gemm_wgmma_smem_bytes(void);
 
 int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,

@@ -8,7 +8,6 @@ int w4a16_launch_gemm(const w4a16_gemm_launch *a) { (void)a; abort(); }
 int w4a16_probe_gemm(int dtype, int layout, int cfg, int *bv) { (void)dtype; (void)layout; (void)cfg; (void)bv; abort(); }
 int w4a16_probe_gemm_wgmma(void) { abort(); }
 int w4a16_gemm_wgmma_smem_bytes(void) { abort(); }
-int w4a16_gemm_wgmma_tile(int *tm, int *bn) { *tm = *bn = 0; return -1; }
 int w4a16_launch_awq_dequant(const int32_t *q, const void *s, const int32_t *z, void *W, int K, int N, int G, int dt,
                              void *st) { (void)q; (void)s; (void)z; (void)W; (void)K; (void)N; (void)G; (void)dt; (void)st; abort(); }
 int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *st) { (void)in; (void)out; (void)K; (void)N; (void)st; abort(); }
