@@ -171,8 +171,11 @@ double time_us(Path p, LayerData *d, int M) {
     return t[samples / 2];
 }
 
+// The sm120 family forces its profile for its own cases only; every other case runs under the profile the process
+// started with (automatic, or W4A16_PROFILE, so `W4A16_PROFILE=sm80 build/bench` times the mma.sync kernels on Hopper).
 void run_case(benchmark::State &state, const w4a16_layer *ly, Path p, int M, w4a16_dtype dt, const char *profile) {
-    if (p != CUBLAS) W4_CHECK(w4a16_force_profile(profile));
+    static const char *start_profile = getenv("W4A16_PROFILE");
+    if (p != CUBLAS && profile) W4_CHECK(w4a16_force_profile(profile));
     int max_m = 0;
     for (int m : opt.ms) max_m = std::max(max_m, m);
     LayerData *d = layer_data(*ly, dt, max_m);
@@ -196,7 +199,7 @@ void run_case(benchmark::State &state, const w4a16_layer *ly, Path p, int M, w4a
         for (const Row &c : rows)
             if (c.layer == ly->name && c.path == "cublas_fp16" && c.M == M) state.counters["x_cublas"] = us / c.us;
     rows.push_back(r);
-    if (p != CUBLAS) W4_CHECK(w4a16_force_profile(nullptr));
+    if (p != CUBLAS && profile) W4_CHECK(w4a16_force_profile(start_profile));
 }
 
 void register_all() {

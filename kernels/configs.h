@@ -29,9 +29,10 @@ enum { W4A16_NUM_GEMM_CONFIGS = 6 };
  *   STAGES pipeline slots, MINB blocks per SM, KPB k16 steps per wgmma batch (two batches per stage at least). */
 #define W4A16_WGMMA_CONFIGS(X)                                                                         \
     X(0, 256, 4, 2, 5, 1, 2) /* M > 128: 256 tokens x 128 channels (5 x 38 KB) */                      \
-    X(1, 128, 2, 2, 5, 1, 2) /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */
+    X(1, 128, 2, 2, 5, 1, 2) /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */                     \
+    X(2, 64, 4, 2, 6, 2, 2)  /* M 17-64: 64 tokens x 128 channels, two blocks per SM (6 x 14 KB) */
 
-enum { W4A16_NUM_WGMMA_CONFIGS = 2 };
+enum { W4A16_NUM_WGMMA_CONFIGS = 3 };
 
 static inline int w4a16_wgmma_tm(int id) {
 #define W4A16_WG_TM_(i, TM, NH, WG, ST, MINB, KPB) if (id == i) return TM;
