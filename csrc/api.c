@@ -54,7 +54,12 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.stream = stream;
     a.splits = 1;
     if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper: the wgmma kernels */
-        const int id = M >= p->wgmma_large_min_m ? 0 : M > 64 ? 1 : 2, tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
+        int id = M >= p->wgmma_large_min_m ? 0 : M > 64 ? 1 : 2;
+        /* Narrow layers at M 65-128: fewer than 32 blocks of the 128-token tile leave the SMs to split-K; the
+         * 64-token tile (two blocks per SM) was measured faster there (llama3-8b.o M = 128: 41 -> 24 us) and slower
+         * on wider layers (qwen2.5-72b.o, 32 tiles: 58 -> 69 us). */
+        if (id == 1 && (long long)((M + 127) / 128) * ((N + w4a16_wgmma_bn(1) - 1) / w4a16_wgmma_bn(1)) < 32) id = 2;
+        const int tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
         const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
         a.wgmma = 1 + id;
         if (workspace_bytes > 0) a.splits = choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count);
