@@ -1,4 +1,4 @@
-// w4a16 int4 dequant-GEMM for Hopper (sm_90a) on wgmma, for large M.
+// w4a16 int4 dequant-GEMM for Hopper (sm_90a) on wgmma, for M > 16.
 //
 // The product is computed transposed, C^T = dequant(W)^T * A^T: output channels are the MMA's M dimension and
 // tokens its N dimension. That puts the dequantised weights in wgmma's register operand, straight from the
@@ -10,7 +10,7 @@
 // Block: WG warpgroups; tile TM tokens x BN channels, BK = 64 per stage. Warp w owns NB = 8 / NH n8 blocks (quarter
 // or half wh = w % NH of the 64-channel group w / NH); each warpgroup issues II = NB / 2 wgmma m64nTMk16 per k16
 // step, one per pair of blocks (rows r and r + 8 of a warp's 16 rows are blocks 2ii and 2ii + 1, slot r).
-// Shipped (gemm_sm90.cu): 2 warpgroups, 256 tokens x 128 channels, one m64n256k16 per warpgroup and k16 step.
+// Shipped tiles: configs.h, W4A16_WGMMA_CONFIGS (64, 128 and 256 tokens; 2 warpgroups each).
 // Pipeline: STAGES shared-memory slots; STAGES - 2 copies in flight, one slot being read by the wgmma batch
 // still running, one being consumed. The fragments of a batch (KPB k16 steps) are dequantised while the previous
 // batch runs, then that batch is waited for (wait_group 0: with register operands ptxas serialises every wgmma
