@@ -136,6 +136,26 @@ static void test_gemm_m_sweep(void **state) {
     stats_print("M sweep", &st);
 }
 
+/* AWQ path with K an odd multiple of 32 (the pipeline stages are 64 to 256 deep in K, so the last one is half
+ * empty and zero-filled), on every tile family: decode, the mma.sync middle tiles, and on Hopper the wgmma tiles. */
+static void test_awq_k_tail(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int shapes[][2] = {{96, 128}, {160, 192}, {2080, 256}};
+    const int ms[] = {1, 16, 17, 64, 100, 300};
+    const int gs[] = {32, -1};
+    stats st = {0};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++)
+            for (int g = 0; g < 2; g++) {
+                gpu_layer L;
+                gpu_layer_make(&L, shapes[s][0], shapes[s][1], gs[g], dtypes[d], 0, 0, &seed);
+                for (int m = 0; m < 6; m++) check_gemm(PATH_AWQ, &L, ms[m], m % 2, 1, &st);
+                gpu_layer_free(&L);
+            }
+    stats_print("AWQ K tail (K % 64 = 32)", &st);
+}
+
 /* Every real layer shape of targets.md (and the TP shards), both paths, G = 128. */
 static void test_gemm_real_layers(void **state) {
     (void)state;
@@ -764,6 +784,7 @@ int main(void) {
         cmocka_unit_test(test_selfref_paths_agree),
         cmocka_unit_test(test_gemm_m_sweep),
         cmocka_unit_test(test_gemm_real_layers),
+        cmocka_unit_test(test_awq_k_tail),
         cmocka_unit_test(test_marlin_gptq),
         cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_act_order_shard),
