@@ -82,8 +82,8 @@ int main(int argc, char **argv) {
     int drv = 0, count = 0;
     cudaDriverGetVersion(&drv);
     printf("CUDA runtime (built with): %d.%d\n", CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
-    printf("CUDA driver: %s\n", drv ? "" : "not found");
-    if (drv) printf("  supports CUDA %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    if (drv) printf("CUDA driver: supports CUDA %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    else printf("CUDA driver: not found\n");
     w4a16_device_info info;
     w4a16_status s = w4a16_get_device_info(0, &info);
     if (s != W4A16_OK) {
