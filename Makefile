@@ -104,7 +104,7 @@ $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref
 
 # ---- tests
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
-TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_gpu $(BUILD)/test_threads
+TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu $(BUILD)/test_threads
 tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0
 
 $(BUILD)/libcmocka.so.0:
@@ -117,6 +117,11 @@ $(BUILD)/test_api: tests/test_api.c $(BUILD)/libw4a16.so
 $(BUILD)/test_reference: tests/test_reference.c tests/marlin_literal.h $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -lcmocka -lm $(RPATH)
 
+# the profile tables, compiled from the host sources with the kernels stubbed out (no GPU, no CUDA kernels needed)
+$(BUILD)/test_profiles: tests/test_profiles.c tests/fuzz_stubs.c $(LIB_C) include/w4a16.h csrc/internal.h $(KERNEL_H)
+	$(CC) $(CFLAGS) -Iinclude tests/test_profiles.c tests/fuzz_stubs.c $(LIB_C) -o $@ \
+	    -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' $(CUDART_STATIC) -lcmocka -lm $(RPATH)
+
 $(BUILD)/test_gpu: tests/test_gpu.c tests/gpu_util.h tests/cases.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
 
@@ -127,6 +132,7 @@ $(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.s
 test: lib tests
 	$(BUILD)/test_api
 	$(BUILD)/test_reference
+	$(BUILD)/test_profiles
 	$(BUILD)/test_gpu
 	$(BUILD)/test_threads
 	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests

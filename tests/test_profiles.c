@@ -1,0 +1,69 @@
+/* The architecture profiles as data (csrc/device.c, compiled into this test with the kernel launches stubbed): every
+ * profile's tiles fit the shared memory its architecture offers per block (the 99 KB of sm_86/89/120/121 is the trap of
+ * targets.md: a Hopper tile fails to launch there), every config it names exists, and every fallback chain ends. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+#include "../csrc/internal.h"
+
+/* sharedMemPerBlockOptin of the parts each profile is for (CUDA programming guide, compute capability tables). */
+static const struct { const char *profile; int bytes; } limits[] = {
+    {"sm80", 166912},  /* A100: 163 KB */
+    {"sm86", 101376},  /* RTX 30xx / A-series: 99 KB */
+    {"sm89", 101376},  /* RTX 40xx / L40: 99 KB */
+    {"sm90", 232448},  /* H100 / H200: 227 KB */
+    {"sm100", 232448}, /* B200: 227 KB */
+    {"sm120", 101376}, /* RTX 5090 / RTX PRO 6000: 99 KB */
+    {"sm121", 101376}, /* DGX Spark GB10: 99 KB */
+};
+
+static void test_profiles_fit_their_architecture(void **state) {
+    (void)state;
+    const char *const *names = w4a16_profile_names();
+    int n = 0;
+    for (; names[n]; n++) {
+        const w4a16_profile *p = w4a16_find_profile(names[n]);
+        assert_non_null(p);
+        int limit = 0;
+        for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+            if (strcmp(limits[i].profile, names[n]) == 0) limit = limits[i].bytes;
+        if (limit == 0) fail_msg("profile %s has no shared-memory limit in this test", names[n]);
+        int need = w4a16_profile_smem_bytes(p);
+        if (need > limit) fail_msg("profile %s needs %d bytes of shared memory per block; its parts allow %d", names[n], need, limit);
+        print_message("  %-6s needs %6d of %6d bytes per block\n", names[n], need, limit);
+    }
+    assert_int_equal(n, (int)(sizeof limits / sizeof limits[0]));
+}
+
+static void test_profiles_are_well_formed(void **state) {
+    (void)state;
+    for (const char *const *name = w4a16_profile_names(); *name; name++) {
+        const w4a16_profile *p = w4a16_find_profile(*name);
+        const w4a16_tile_choice *all[] = {&p->small, &p->mid, &p->mid2, &p->large, &p->large_awq, &p->small_split, &p->mid_wide};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            assert_non_null(w4a16_config(all[i]->cfg));
+            assert_in_range(all[i]->stages, 2, 6);
+        }
+        assert_true(p->small_max_m < p->mid_max_m && p->mid_max_m < p->mid2_max_m);
+        if (p->wgmma_min_m) assert_int_equal(p->arch, 90); /* the sm_90a kernel belongs to the sm90 profile only */
+        int hops = 0; /* the fallback chain ends, and never climbs to a newer architecture */
+        for (const w4a16_profile *q = p; q->fallback; hops++) {
+            const w4a16_profile *next = w4a16_find_profile(q->fallback);
+            assert_non_null(next);
+            assert_true(next->arch < q->arch);
+            q = next;
+            assert_true(hops < 8);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_profiles_fit_their_architecture),
+        cmocka_unit_test(test_profiles_are_well_formed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
