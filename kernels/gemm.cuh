@@ -43,6 +43,74 @@ struct GemmArgs {
     int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
 };
 
+// ---- pieces both GEMM kernels (this one and gemm_sm90.cuh) share
+
+// The k-tiles of this block's K split (blockIdx.z of gridDim.z): [*kt_begin, *kt_begin + return value).
+__device__ __forceinline__ int split_k_tiles(int num_kt, int *kt_begin) {
+    const int splits = gridDim.z, split = blockIdx.z;
+    *kt_begin = (int)((long long)split * num_kt / splits);
+    return (int)((long long)(split + 1) * num_kt / splits) - *kt_begin;
+}
+
+// The copies of one pipeline stage: activations (ActTile) then packed weights with their group rows (WeightTile),
+// through per-thread plans fixed for the whole K loop.
+template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
+    ATile at;
+    WTile wt;
+    int gshift, g_last, slots_used; // group of row k = k >> gshift; last group; scale rows a stage touches
+
+    __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int k_begin, int tid) {
+        gshift = p.gshift;
+        g_last = (p.K - 1) >> gshift;
+        slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // stages start at multiples of BK: groups aligned
+        at.plan(static_cast<const T *>(p.A), p.M, p.K, m0, k_begin, tid);
+        wt.plan(p.B, p.N, n0, k_begin, tid);
+    }
+    // Copies k-tile kt into the stage buffer `st`.
+    __device__ __forceinline__ void issue(const GemmArgs &p, unsigned char *st, int kt, int n0, int tid) {
+        at.issue(st, static_cast<const T *>(p.A), p.K);
+        wt.issue(st + ATile::BYTES, p.B, static_cast<const T *>(p.scales), p.zeros, p.N, p.K, n0, kt * BK, gshift,
+                 g_last, slots_used, tid);
+    }
+};
+
+// Split-K partials: four accumulators per slot, as fp32 or (W4A16_FLAG_REDUCE_IN_DTYPE) rounded to T in half the bytes.
+template <typename T> __device__ __forceinline__ void store_partial(float4 *dst, const float *x, bool in_dtype) {
+    using D = Dtype<T>;
+    if (in_dtype) {
+        typename D::T2 lo, hi;
+        lo.x = D::from_float(x[0]); lo.y = D::from_float(x[1]);
+        hi.x = D::from_float(x[2]); hi.y = D::from_float(x[3]);
+        __stcg(reinterpret_cast<uint2 *>(dst), make_uint2(as_u32(lo), as_u32(hi)));
+    } else {
+        __stcg(dst, make_float4(x[0], x[1], x[2], x[3]));
+    }
+}
+template <typename T> __device__ __forceinline__ float4 load_partial(const float4 *src, bool in_dtype) {
+    using D = Dtype<T>;
+    if (!in_dtype) return __ldcg(src);
+    uint2 u = __ldcg(reinterpret_cast<const uint2 *>(src));
+    auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
+    return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
+}
+// After the block's partials are written: true in the last block of the tile to arrive, which also resets the tile's
+// counter so the workspace is left zeroed. `sync` is a barrier over the threads that take part (tid 0 among them).
+template <typename Sync> __device__ __forceinline__ bool last_arrival(int *counters, int tile, int splits, int tid,
+                                                                      Sync sync) {
+    __shared__ int s_last;
+    __threadfence();
+    sync();
+    if (tid == 0) {
+        int prev = atomicAdd(counters + tile, 1);
+        s_last = prev == splits - 1;
+        if (s_last) counters[tile] = 0;
+    }
+    sync();
+    if (!s_last) return false;
+    __threadfence();
+    return true;
+}
+
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
@@ -64,29 +132,16 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int q = lane & 3, r = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N, K = p.K;
-    const int num_kt = (K + BK - 1) / BK;
     const int splits = gridDim.z, split = blockIdx.z;
-    const int kt_begin = (int)((long long)split * num_kt / splits);
-    const int kt_end = (int)((long long)(split + 1) * num_kt / splits);
-    const int nk = kt_end - kt_begin;
+    int kt_begin;
+    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
     const int stages = p.stages;
-    const int gshift = p.gshift;                      // group of row k = k >> gshift (31 for one group)
-    const int g_last = (K - 1) >> gshift;
-    const int slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // k0 is a multiple of BK: groups aligned
-
-    const T *A = static_cast<const T *>(p.A);
-    const T *S = static_cast<const T *>(p.scales);
 
     // ---- producer: per-thread copy plans fixed for the whole K loop; each stage advances them by BK.
-    ATile at;
-    WTile wt;
-    at.plan(A, M, K, m0, kt_begin * BK, tid);
-    wt.plan(p.B, N, n0, kt_begin * BK, tid);
-    auto load_stage = [&](int kt, int slot) {
-        unsigned char *st = smem + slot * STAGE_BYTES;
-        at.issue(st, A, K);
-        wt.issue(st + A_BYTES, p.B, S, p.zeros, N, K, n0, kt * BK, gshift, g_last, slots_used, tid);
-    };
+    StageCopy<T, ATile, WTile, BK> copy;
+    copy.plan(p, m0, n0, kt_begin * BK, tid);
+    const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
+    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
 
     float acc[MT][NB][4];
 #pragma unroll
@@ -97,7 +152,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
     auto load_group = [&](const unsigned char *st, int sl) {
-        wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);
+        copy.wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);
     };
 
     // ---- fragments, double-buffered across k16 steps (A only when registers allow)
@@ -114,12 +169,12 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     };
     auto load_frags = [&](const unsigned char *st, int ks, int buf) {
         if constexpr (ABUF == 2) load_a(st, ks, buf);
-        wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane, buf); // each warp owns a contiguous K range of the stage
+        copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane, buf); // each warp owns a contiguous K range of the stage
     };
     auto compute = [&](const unsigned char *st, int ks, int buf) {
         if constexpr (ABUF == 1) load_a(st, ks, 0);
         uint32_t b[NB][2];
-        wt.dequant(buf, wh, b);
+        copy.wt.dequant(buf, wh, b);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -195,29 +250,10 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         for (int mt = 0; mt < MT; mt++) {
             if (row_base + mt * 16 >= M) break;
 #pragma unroll
-            for (int j = 0; j < NB; j++) {
-                if (p.reduce_dtype) { // same slot, half the bytes: two T2 pairs
-                    typename D::T2 lo, hi;
-                    lo.x = D::from_float(acc[mt][j][0]); lo.y = D::from_float(acc[mt][j][1]);
-                    hi.x = D::from_float(acc[mt][j][2]); hi.y = D::from_float(acc[mt][j][3]);
-                    __stcg(reinterpret_cast<uint2 *>(mine + (mt * NB + j) * 32 + lane), make_uint2(as_u32(lo), as_u32(hi)));
-                } else {
-                    __stcg(mine + (mt * NB + j) * 32 + lane,
-                           make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
-                }
-            }
+            for (int j = 0; j < NB; j++) store_partial<T>(mine + (mt * NB + j) * 32 + lane, acc[mt][j], p.reduce_dtype);
         }
-        __threadfence();
-        __shared__ int s_last;
-        asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); // only the epilogue warps take part
-        if (tid == 0) {
-            int prev = atomicAdd(p.counters + tile, 1);
-            s_last = prev == splits - 1;
-            if (s_last) p.counters[tile] = 0; // every split has arrived: leave the workspace zeroed
-        }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS));
-        if (!s_last) return;
-        __threadfence();
+        auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); }; // only the epilogue warps
+        if (!last_arrival(p.counters, tile, splits, tid, epi_sync)) return;
         const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + warp_mn * (MT * NB * 32);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -226,15 +262,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             for (int j = 0; j < NB; j++) {
                 float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
                 for (int s = 0; s < splits; s++) { // fixed order: deterministic
-                    const float4 *src = all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane;
-                    float4 v;
-                    if (p.reduce_dtype) {
-                        uint2 u = __ldcg(reinterpret_cast<const uint2 *>(src));
-                        auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
-                        v = make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
-                    } else {
-                        v = __ldcg(src);
-                    }
+                    float4 v = load_partial<T>(all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane, p.reduce_dtype);
                     sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
                 }
                 acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;

@@ -1,21 +1,10 @@
 // Template instances of the GEMM for one (dtype, layout). The Makefile compiles this file once per pair with
 // -DW4A16_INST_DTYPE=0|1 -DW4A16_INST_LAYOUT=0|1 so that make -j builds the four in parallel.
 #include "gemm.cuh"
-
-#if !defined(W4A16_INST_DTYPE) || !defined(W4A16_INST_LAYOUT)
-#error "compile with -DW4A16_INST_DTYPE and -DW4A16_INST_LAYOUT"
-#endif
-#if W4A16_INST_DTYPE == 0
-#define W4A16_T_ __half
-#else
-#define W4A16_T_ __nv_bfloat16
-#endif
-#define W4A16_CAT3_(a, b, c) a##b##_##c
-#define W4A16_NAME_(prefix, d, l) W4A16_CAT3_(prefix, d, l)
+#include "instance.h"
 
 namespace w4a16 {
-cudaError_t W4A16_NAME_(launch_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(const GemmArgs &a, int cfg, int splits,
-                                                                          int smem, cudaStream_t s) {
+cudaError_t W4A16_NAME_(launch_gemm_)(const GemmArgs &a, int cfg, int splits, int smem, cudaStream_t s) {
     switch (cfg) {
 #define W4A16_CASE_(id, name, MT, WM, NH, WN, WK, KS, MINB) \
     case id: return launch_gemm<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
@@ -24,7 +13,7 @@ cudaError_t W4A16_NAME_(launch_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(const
     }
     return cudaErrorInvalidValue;
 }
-cudaError_t W4A16_NAME_(probe_gemm_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(int cfg, cudaFuncAttributes *attr) {
+cudaError_t W4A16_NAME_(probe_gemm_)(int cfg, cudaFuncAttributes *attr) {
     switch (cfg) {
 #define W4A16_CASE_(id, name, MT, WM, NH, WN, WK, KS, MINB) \
     case id: return cudaFuncGetAttributes(attr, gemm_kernel<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>);

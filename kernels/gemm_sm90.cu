@@ -1,22 +1,12 @@
 // sm_90a wgmma GEMM instances for one (dtype, layout); compiled only for sm_90a (see the Makefile), once per pair
 // with -DW4A16_INST_DTYPE=0|1 -DW4A16_INST_LAYOUT=0|1.
 #include "gemm_sm90.cuh"
-
-#if !defined(W4A16_INST_DTYPE) || !defined(W4A16_INST_LAYOUT)
-#error "compile with -DW4A16_INST_DTYPE and -DW4A16_INST_LAYOUT"
-#endif
-#if W4A16_INST_DTYPE == 0
-#define W4A16_T_ __half
-#else
-#define W4A16_T_ __nv_bfloat16
-#endif
-#define W4A16_CAT3_(a, b, c) a##b##_##c
-#define W4A16_NAME_(prefix, d, l) W4A16_CAT3_(prefix, d, l)
+#include "instance.h"
 
 namespace w4a16 {
 // Instances of the tiles listed in configs.h (W4A16_WGMMA_CONFIGS); docs/PERFORMANCE.md v8 records the variants
 // that were measured against them.
-int W4A16_NAME_(sm90_smem_bytes_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(int id) {
+int W4A16_NAME_(sm90_smem_bytes_)(int id) {
     switch (id) {
 #define W4A16_CASE_(i, TM, NH, WG, ST, MINB, KPB) \
     case i: return Sm90Shape<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG>::smem_bytes(ST);
@@ -25,8 +15,7 @@ int W4A16_NAME_(sm90_smem_bytes_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(int id) {
     }
     return 0;
 }
-cudaError_t W4A16_NAME_(launch_gemm_sm90_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(const GemmArgs &a, int id, int splits,
-                                                                              cudaStream_t s) {
+cudaError_t W4A16_NAME_(launch_gemm_sm90_)(const GemmArgs &a, int id, int splits, cudaStream_t s) {
     switch (id) {
 #define W4A16_CASE_(i, TM, NH, WG, ST, MINB, KPB) \
     case i: return launch_gemm_sm90<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG, ST, MINB, KPB>(a, splits, s);
@@ -35,7 +24,7 @@ cudaError_t W4A16_NAME_(launch_gemm_sm90_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(
     }
     return cudaErrorInvalidValue;
 }
-cudaError_t W4A16_NAME_(probe_gemm_sm90_, W4A16_INST_DTYPE, W4A16_INST_LAYOUT)(int id, cudaFuncAttributes *attr) {
+cudaError_t W4A16_NAME_(probe_gemm_sm90_)(int id, cudaFuncAttributes *attr) {
     switch (id) {
 #define W4A16_CASE_(i, TM, NH, WG, ST, MINB, KPB) \
     case i: return cudaFuncGetAttributes(attr, gemm_sm90_kernel<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG, ST, MINB, KPB>);

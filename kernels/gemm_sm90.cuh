@@ -64,25 +64,14 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     const int wn = warp / NH, wh = warp % NH, j0 = wh * NB;
     const int m0 = blockIdx.x * TM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N, K = p.K;
-    const int num_kt = (K + BK - 1) / BK;
-    const int splits = gridDim.z, split = blockIdx.z; // split-K across blocks: k-tiles [kt_begin, kt_end)
-    const int kt_begin = (int)((long long)split * num_kt / splits);
-    const int nk = (int)((long long)(split + 1) * num_kt / splits) - kt_begin;
+    int kt_begin;
+    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin), splits = gridDim.z;
     constexpr int AHEAD = STAGES - 2;
-    const int gshift = p.gshift, g_last = (K - 1) >> gshift;
-    const int slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
-    const T *A = static_cast<const T *>(p.A);
-    const T *S = static_cast<const T *>(p.scales);
 
-    ATile at;
-    WTile wt;
-    at.plan(A, M, K, m0, kt_begin * BK, tid);
-    wt.plan(p.B, N, n0, kt_begin * BK, tid);
-    auto load_stage = [&](int kt, int slot) {
-        unsigned char *st = smem + slot * STAGE_BYTES;
-        at.issue(st, A, K);
-        wt.issue(st + ATile::BYTES, p.B, S, p.zeros, N, K, n0, kt * BK, gshift, g_last, slots_used, tid);
-    };
+    StageCopy<T, ATile, WTile, BK> copy;
+    copy.plan(p, m0, n0, kt_begin * BK, tid);
+    const int gshift = copy.gshift, g_last = copy.g_last;
+    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
 
     float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
 
@@ -124,12 +113,12 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
                 const int g = (k0 + ks * 16) >> gshift;
                 if (g != cur_group) {
                     cur_group = g;
-                    wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
+                    copy.wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
                              p.marlin_channelwise);
                 }
-                wt.fetch(wst, ks, wn, wh, lane, 0);
+                copy.wt.fetch(wst, ks, wn, wh, lane, 0);
                 uint32_t b[NB][2];
-                wt.dequant(0, wh, b);
+                copy.wt.dequant(0, wh, b);
 #pragma unroll
                 for (int ii = 0; ii < II; ii++) {
                     a[h][kh][4 * ii + 0] = b[2 * ii][0];     // row r,     k 2q..2q+1
@@ -145,13 +134,13 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
             for (int kh = 0; kh < KPB; kh++)
 #pragma unroll
                 for (int ii = 0; ii < II; ii++)
-                    Wgmma<T, TM>::mma(acc[ii], &a[h][kh][4 * ii], desc[KPB * h + kh], i + h + kh > 0);
+                    wgmma_m64k16<T, TM>(acc[ii], &a[h][kh][4 * ii], desc[KPB * h + kh], i + h + kh > 0);
             wgmma_commit();
         }
     } while (++i < nk);
     wgmma_wait<0>();
-    fence_operands(acc[0]);
-    fence_operands(acc[1]);
+#pragma unroll
+    for (int ii = 0; ii < II; ii++) fence_operands(acc[ii]);
     cp_async_wait_all();
 
     // ---- split-K across blocks: fp32 (or T) partials to the workspace, the last block of the tile adds them in
@@ -160,43 +149,16 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
         constexpr int V = II * ACC / 4; // float4 per thread
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
         float4 *base = p.partials + (size_t)tile * splits * (V * THREADS);
-        float4 *mine = base + (size_t)split * (V * THREADS) + tid;
+        float4 *mine = base + (size_t)blockIdx.z * (V * THREADS) + tid;
 #pragma unroll
-        for (int v = 0; v < V; v++) {
-            const float *x = &acc[v / (ACC / 4)][4 * (v % (ACC / 4))];
-            if (p.reduce_dtype) {
-                typename D::T2 lo, hi;
-                lo.x = D::from_float(x[0]); lo.y = D::from_float(x[1]);
-                hi.x = D::from_float(x[2]); hi.y = D::from_float(x[3]);
-                __stcg(reinterpret_cast<uint2 *>(mine + v * THREADS), make_uint2(as_u32(lo), as_u32(hi)));
-            } else {
-                __stcg(mine + v * THREADS, make_float4(x[0], x[1], x[2], x[3]));
-            }
-        }
-        __threadfence();
-        __shared__ int s_last;
-        __syncthreads();
-        if (tid == 0) {
-            int prev = atomicAdd(p.counters + tile, 1);
-            s_last = prev == splits - 1;
-            if (s_last) p.counters[tile] = 0; // every split has arrived: leave the workspace zeroed
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
+        for (int v = 0; v < V; v++)
+            store_partial<T>(mine + v * THREADS, &acc[v / (ACC / 4)][4 * (v % (ACC / 4))], p.reduce_dtype);
+        if (!last_arrival(p.counters, tile, splits, tid, []() { __syncthreads(); })) return;
 #pragma unroll
         for (int v = 0; v < V; v++) {
             float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
             for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
-                const float4 *src = base + (size_t)sp * (V * THREADS) + v * THREADS + tid;
-                float4 u;
-                if (p.reduce_dtype) {
-                    uint2 w = __ldcg(reinterpret_cast<const uint2 *>(src));
-                    auto lo = D::from_bits(w.x), hi = D::from_bits(w.y);
-                    u = make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
-                } else {
-                    u = __ldcg(src);
-                }
+                float4 u = load_partial<T>(base + (size_t)sp * (V * THREADS) + v * THREADS + tid, p.reduce_dtype);
                 sum.x += u.x; sum.y += u.y; sum.z += u.z; sum.w += u.w;
             }
             float *x = &acc[v / (ACC / 4)][4 * (v % (ACC / 4))];

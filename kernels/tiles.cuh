@@ -21,6 +21,23 @@
 
 namespace w4a16 {
 
+// One stage of a per-thread copy plan (a source pointer, first k and smem offset per 16-byte chunk), advanced by BK
+// along K (`stride` elements of the source). Chunks with k < 0 are not this thread's (or lie outside the matrix);
+// past K they are zero-filled, so the K tail adds nothing.
+template <int BK, int PER, typename P>
+__device__ __forceinline__ void issue_plan(unsigned char *st, const P *(&src)[PER], int (&k)[PER], const uint32_t (&dst)[PER],
+                                           size_t stride, int K, const P *any) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        if (k[i] >= 0) {
+            bool ok = k[i] < K;
+            cp_async16(st + dst[i], ok ? src[i] : any, ok);
+            src[i] += stride;
+            k[i] += BK;
+        }
+    }
+}
+
 // A (activations) [M, K] row-major, one stage = BM x BK.
 template <typename T, int BM, int BK, int THREADS> struct ActTile {
     static constexpr int CH = BK / 8; // 16-byte chunks per row
@@ -40,18 +57,8 @@ template <typename T, int BM, int BK, int THREADS> struct ActTile {
             dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
         }
     }
-    // Copies the next stage into `st` and advances the plan by BK. The K tail is zero-filled: it adds nothing.
-    __device__ __forceinline__ void issue(unsigned char *st, const T *A, int K) {
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-            if (k[i] >= 0) {
-                bool ok = k[i] < K;
-                cp_async16(st + dst[i], ok ? src[i] : A, ok);
-                src[i] += BK;
-                k[i] += BK;
-            }
-        }
-    }
+    // Copies the next stage into `st` and advances the plan by BK.
+    __device__ __forceinline__ void issue(unsigned char *st, const T *A, int K) { issue_plan<BK>(st, src, k, dst, BK, K, A); }
 };
 
 // Column of slot `slot` of n8 block `j` inside a 64-column group.
@@ -101,15 +108,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
     __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, const T *S, const uint32_t *Z,
                                           int N, int K, int n0, int k0, int gshift, int g_last, int slots_used,
                                           int tid) {
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-            if (k[i] >= 0) {
-                bool ok = k[i] < K;
-                cp_async16(st + dst[i], ok ? src[i] : B, ok);
-                src[i] += stride;
-                k[i] += BK;
-            }
-        }
+        issue_plan<BK>(st, src, k, dst, stride, K, B);
         const int g0 = k0 >> gshift;
         T *sS = reinterpret_cast<T *>(st + B_BYTES);
         uint32_t *sZ = reinterpret_cast<uint32_t *>(st + B_BYTES + S_BYTES);

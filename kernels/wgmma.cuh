@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 
 namespace w4a16 {
 
@@ -103,37 +104,18 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
         "+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31])                   \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate))
 
-template <typename T, int N> struct Wgmma;
-template <> struct Wgmma<__half, 256> {
-    __device__ static __forceinline__ void mma(float (&d)[128], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N256_("f16");
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t a[4], uint64_t desc, int accumulate) {
+    static_assert(N == 64 || N == 128 || N == 256, "the wgmma tile widths the kernels use");
+    constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+    if constexpr (N == 256) {
+        if constexpr (bf16) W4A16_WGMMA_N256_("bf16"); else W4A16_WGMMA_N256_("f16");
+    } else if constexpr (N == 128) {
+        if constexpr (bf16) W4A16_WGMMA_N128_("bf16"); else W4A16_WGMMA_N128_("f16");
+    } else {
+        if constexpr (bf16) W4A16_WGMMA_N64_("bf16"); else W4A16_WGMMA_N64_("f16");
     }
-};
-template <> struct Wgmma<__nv_bfloat16, 256> {
-    __device__ static __forceinline__ void mma(float (&d)[128], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N256_("bf16");
-    }
-};
-template <> struct Wgmma<__half, 128> {
-    __device__ static __forceinline__ void mma(float (&d)[64], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N128_("f16");
-    }
-};
-template <> struct Wgmma<__nv_bfloat16, 128> {
-    __device__ static __forceinline__ void mma(float (&d)[64], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N128_("bf16");
-    }
-};
-template <> struct Wgmma<__half, 64> {
-    __device__ static __forceinline__ void mma(float (&d)[32], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N64_("f16");
-    }
-};
-template <> struct Wgmma<__nv_bfloat16, 64> {
-    __device__ static __forceinline__ void mma(float (&d)[32], const uint32_t a[4], uint64_t desc, int accumulate) {
-        W4A16_WGMMA_N64_("bf16");
-    }
-};
+}
 #undef W4A16_WGMMA_N256_
 #undef W4A16_WGMMA_N128_
 #undef W4A16_WGMMA_N64_
