@@ -2,6 +2,27 @@
 #include <stdlib.h>
 #include "internal.h"
 
+/* Rows per group of g_idx, in a new array of groups + 1 ints (counts[g]; the extra slot is for the callers' prefix
+ * sums), or NULL with the failure recorded: out of memory, or a g_idx entry outside [0, groups) (`bound` names the
+ * limit in the message). */
+static int *count_groups(const int32_t *g_idx, int K, int groups, const char *bound, w4a16_status *status) {
+    int *counts = calloc((size_t)groups + 1, sizeof(int));
+    if (!counts) {
+        *status = w4a16_fail(W4A16_ERR_INTERNAL, "out of host memory for %d groups", groups);
+        return NULL;
+    }
+    for (int k = 0; k < K; k++) {
+        if (g_idx[k] < 0 || g_idx[k] >= groups) {
+            *status = w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, %s=%d)", k, g_idx[k], bound,
+                                 groups);
+            free(counts);
+            return NULL;
+        }
+        counts[g_idx[k]]++;
+    }
+    return counts;
+}
+
 w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, int32_t *perm, int32_t *sorted_g_idx) {
     w4a16_clear_error();
     w4a16_status s;
@@ -11,25 +32,18 @@ w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, i
     if ((s = w4a16_check_group(K, group_size, &G))) return s;
     const int groups = K / G;
     /* counting sort: stable, O(K) */
-    int *start = calloc((size_t)groups + 1, sizeof(int));
-    if (!start) return w4a16_fail(W4A16_ERR_INTERNAL, "out of host memory for %d groups", groups);
-    for (int k = 0; k < K; k++) {
-        if (g_idx[k] < 0 || g_idx[k] >= groups) {
-            int bad = g_idx[k];
-            free(start);
-            return w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, K/G=%d)", k, bad, groups);
-        }
-        start[g_idx[k] + 1]++;
-    }
-    for (int g = 0; g < groups; g++) {
-        if (start[g + 1] != G) {
-            int n = start[g + 1];
+    int *start = count_groups(g_idx, K, groups, "K/G", &s); /* counts, then each group's next slot */
+    if (!start) return s;
+    for (int g = 0, first = 0; g < groups; g++) {
+        if (start[g] != G) {
+            int n = start[g];
             free(start);
             return w4a16_fail(W4A16_ERR_NOT_IMPLEMENTED,
                               "group %d holds %d rows, not group_size=%d: groups are cut (a K shard, is_k_full=false): "
                               "use w4a16_act_order_plan", g, n, G);
         }
-        start[g + 1] += start[g];
+        start[g] = first;
+        first += G;
     }
     for (int k = 0; k < K; k++) perm[start[g_idx[k]]++] = k;
     if (sorted_g_idx)
@@ -47,16 +61,8 @@ w4a16_status w4a16_act_order_plan(const int32_t *g_idx, int K, int groups, int32
         return s;
     if (K < 1 || groups < 1 || K > (1 << 28) || groups > (1 << 28))
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "K=%d and groups=%d must be in [1, 2^28]", K, groups);
-    int *start = calloc((size_t)groups + 1, sizeof(int)); /* first counts, then each group's next slot */
-    if (!start) return w4a16_fail(W4A16_ERR_INTERNAL, "out of host memory for %d groups", groups);
-    for (int k = 0; k < K; k++) {
-        if (g_idx[k] < 0 || g_idx[k] >= groups) {
-            int bad = g_idx[k];
-            free(start);
-            return w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, groups=%d)", k, bad, groups);
-        }
-        start[g_idx[k]]++;
-    }
+    int *start = count_groups(g_idx, K, groups, "groups", &s); /* first counts, then each group's next slot */
+    if (!start) return s;
     long long pos = 0;
     for (int g = 0; g < groups; g++) { /* counts -> start of each group's run, runs padded to 32 rows */
         int run = (start[g] + 31) / 32 * 32;
