@@ -39,26 +39,65 @@ __device__ __forceinline__ void issue_plan(unsigned char *st, const P *(&src)[PE
 }
 
 // A (activations) [M, K] row-major, one stage = BM x BK.
+// When every thread copies the same number of chunks, all in one 16-byte column and THREADS / CH rows apart (a
+// multiple of 8, so the swizzle of all of them is the same), the plan is one source pointer, one k, one
+// shared-memory offset and a mask of the rows inside M: per stage one bounds check and an address add per chunk
+// (the general plan keeps a pointer, k and offset per chunk and checks each).
 template <typename T, int BM, int BK, int THREADS> struct ActTile {
     static constexpr int CH = BK / 8; // 16-byte chunks per row
     static constexpr int BYTES = BM * BK * 2;
     static constexpr int CHUNKS = BM * CH, PER = (CHUNKS + THREADS - 1) / THREADS;
-    const T *src[PER];
-    int k[PER]; // first k of the chunk; < 0 when the thread has no chunk there (or the row is >= M)
-    uint32_t dst[PER];
+    static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CH == 0 && (THREADS / CH) % 8 == 0 && PER <= 32;
+    static constexpr int RSTEP = UNIFORM ? THREADS / CH : 1; // rows between a thread's chunks (uniform plan)
+    static constexpr int NP = UNIFORM ? 1 : PER;            // per-chunk plan entries
+    const T *src[NP];
+    int k[NP]; // first k of the chunk; < 0 when the thread has no chunk there (or the row is >= M)
+    uint32_t dst[NP];
+    uint32_t rows; // uniform plan: bit i set when chunk i's row is < M
+    size_t rstride;
 
     __device__ __forceinline__ void plan(const T *A, int M, int K, int m0, int k_begin, int tid) {
+        if constexpr (UNIFORM) {
+            const int row = tid / CH, ch = tid % CH;
+            rows = 0;
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
-            int c = tid + i * THREADS, row = c / CH, ch = c % CH;
-            bool on = c < CHUNKS && m0 + row < M; // rows >= M are never stored, so never loaded
-            k[i] = on ? k_begin + ch * 8 : -1;
-            src[i] = A + (on ? (size_t)(m0 + row) * K + k_begin + ch * 8 : 0);
-            dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+            for (int i = 0; i < PER; i++) rows |= (m0 + row + i * RSTEP < M ? 1u : 0u) << i;
+            k[0] = k_begin + ch * 8;
+            src[0] = A + (size_t)(m0 + row) * K + k_begin + ch * 8; // only dereferenced for rows < M
+            dst[0] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+            rstride = (size_t)RSTEP * K;
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                int c = tid + i * THREADS, row = c / CH, ch = c % CH;
+                bool on = c < CHUNKS && m0 + row < M; // rows >= M are never stored, so never loaded
+                k[i] = on ? k_begin + ch * 8 : -1;
+                src[i] = A + (on ? (size_t)(m0 + row) * K + k_begin + ch * 8 : 0);
+                dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+            }
         }
     }
-    // Copies the next stage into `st` and advances the plan by BK.
-    __device__ __forceinline__ void issue(unsigned char *st, const T *A, int K) { issue_plan<BK>(st, src, k, dst, BK, K, A); }
+    // Copies the next stage into `st` and advances the plan by BK; past K the chunks are zero-filled.
+    __device__ __forceinline__ void issue(unsigned char *st, const T *A, int K) {
+        if constexpr (UNIFORM) {
+            constexpr uint32_t ALL = PER == 32 ? 0xFFFFFFFFu : (1u << PER) - 1;
+            unsigned char *d = st + dst[0];
+            const T *s = src[0];
+            if (k[0] < K && rows == ALL) { // every chunk inside the matrix
+#pragma unroll
+                for (int i = 0; i < PER; i++) cp_async16(d + i * RSTEP * BK * 2, s + i * rstride, true);
+            } else {
+                const bool ok = k[0] < K;
+#pragma unroll
+                for (int i = 0; i < PER; i++)
+                    if (rows >> i & 1) cp_async16(d + i * RSTEP * BK * 2, ok ? s + i * rstride : A, ok);
+            }
+            src[0] += BK;
+            k[0] += BK;
+        } else {
+            issue_plan<BK>(st, src, k, dst, BK, K, A);
+        }
+    }
 };
 
 // Column of slot `slot` of n8 block `j` inside a 64-column group.
