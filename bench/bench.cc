@@ -34,8 +34,8 @@ struct Device {
     w4a16_device_info info{};
     double copy_tbps = 0, cublas_tflops = 0;
     cublasHandle_t blas = nullptr;
-    void *ws = nullptr;
-    size_t ws_bytes = 0;
+    void *ws = nullptr, *ws_staged = nullptr;
+    size_t ws_bytes = 0, ws_staged_bytes = 0; // split-K workspace; + a slab for the largest layer's staged GEMM
 } dev;
 
 // One layer's tensors, with enough copies of the weights to rotate past 2 x L2.
@@ -110,8 +110,11 @@ void free_all() {
     cache.clear();
 }
 
-enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2 };
-const char *path_names[] = {"awq", "marlin", "cublas_fp16"};
+// awq_staged: the AWQ path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged),
+// so that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 2048.
+enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3 };
+const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged"};
+constexpr int STAGED_MIN_M = 2048;
 
 struct Row {
     std::string layer, path, profile, dtype;
@@ -133,8 +136,9 @@ void launch(Path p, LayerData *d, int M, int copy) {
         return;
     }
     const gpu_layer &g = d->q[copy % d->copies_q];
-    w4a16_status s = p == AWQ ? w4a16_awq_gemm(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K, d->G,
-                                               d->dt, dev.ws, dev.ws_bytes, nullptr)
+    w4a16_status s = p != MARLIN ? w4a16_awq_gemm(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K,
+                                                  d->G, d->dt, p == AWQ ? dev.ws : dev.ws_staged,
+                                                  p == AWQ ? dev.ws_bytes : dev.ws_staged_bytes, nullptr)
                               : w4a16_marlin_gemm(d->A, g.mweight, g.mscales, g.mzeros, nullptr, d->C, M, d->N, d->K,
                                                   d->G, d->dt, dev.ws, dev.ws_bytes, nullptr);
     W4_CHECK(s);
@@ -226,7 +230,9 @@ void register_all() {
             for (int M : opt.ms) {
                 if (M > f.max_m) continue;
                 if (f.dt == W4A16_BF16 && !opt.full && M != 1 && M != 16 && M != 64 && M != 256 && M != 4096) continue;
-                for (Path p : f.paths) {
+                std::vector<Path> paths = f.paths;
+                if (!f.profile && M >= STAGED_MIN_M) paths.push_back(AWQ_STAGED);
+                for (Path p : paths) {
                     std::string name = std::string(path_names[p]) + "/" + ly->name + "/M=" + std::to_string(M) + "/" +
                                        (f.dt == W4A16_BF16 ? "bf16" : "fp16") + "/" +
                                        (p == CUBLAS ? "-" : f.profile ? f.profile : "auto");
@@ -290,19 +296,24 @@ void summary() {
            dev.info.name, dev.info.profile, dev.copy_tbps, dev.cublas_tflops);
     printf("   times in us (median); x_floor = time / floor; awq/marlin and marlin/cublas are time ratios (lower is "
            "better for the first path)\n");
-    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s\n", "layer", "M", "floor", "cublas", "awq", "marlin",
-           "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16");
+    printf("   awq_st = the AWQ path with a staged workspace (M >= %d), st/cubl its time ratio to cuBLAS\n", STAGED_MIN_M);
+    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %8s\n", "layer", "M", "floor", "cublas", "awq", "marlin",
+           "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "st/cubl");
     std::string last;
     for (const Row &r : rows) {
         if (r.path != "cublas_fp16" || r.dtype != "fp16") continue;
         const Row *a = find(r.layer, "awq", "fp16", r.M, false), *m = find(r.layer, "marlin", "fp16", r.M, false);
         const Row *s = find(r.layer, "marlin", "fp16", r.M, true), *b = find(r.layer, "marlin", "bf16", r.M, false);
         if (!a || !m) continue;
-        char sm[16] = "-", bf[16] = "-";
+        const Row *st = find(r.layer, "awq_staged", "fp16", r.M, false);
+        char sm[16] = "-", bf[16] = "-", su[16] = "-", sc[16] = "-";
         if (s) snprintf(sm, sizeof sm, "%.2f", s->us / m->us);
         if (b) snprintf(bf, sizeof bf, "%.2f", b->us / m->us);
-        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s\n", r.layer.c_str(), r.M,
-               r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm, bf);
+        if (st) snprintf(su, sizeof su, "%.1f", st->us);
+        if (st) snprintf(sc, sizeof sc, "%.2f", st->us / r.us);
+        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %8s\n", r.layer.c_str(), r.M,
+               r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm, bf,
+               su, sc);
     }
 }
 
@@ -364,6 +375,13 @@ int main(int argc, char **argv) {
     W4_CHECK(w4a16_workspace_size(&dev.ws_bytes));
     dev.ws = gpu_alloc(dev.ws_bytes);
     GPU_CHECK(cudaMemset(dev.ws, 0, dev.ws_bytes));
+    for (int i = 0; i < W4A16_NUM_LAYERS; i++) {
+        size_t b;
+        W4_CHECK(w4a16_workspace_size_staged(w4a16_layers[i].N, w4a16_layers[i].K, &b));
+        dev.ws_staged_bytes = std::max(dev.ws_staged_bytes, b);
+    }
+    dev.ws_staged = gpu_alloc(dev.ws_staged_bytes);
+    GPU_CHECK(cudaMemset(dev.ws_staged, 0, dev.ws_staged_bytes));
     measure_ceilings();
     printf("w4a16 %s on %s: %s\n", w4a16_version_string(), dev.info.name, dev.info.reason);
     register_all();
@@ -375,6 +393,7 @@ int main(int argc, char **argv) {
     summary();
     write_json();
     cudaFree(dev.ws);
+    cudaFree(dev.ws_staged);
     cublasDestroy(dev.blas);
     return 0;
 }

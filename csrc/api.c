@@ -53,6 +53,27 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
     a.splits = 1;
+    if (layout == W4A16_LAYOUT_AWQ && st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m) {
+        /* staged: slabs of nc channels (a multiple of 128, every slab but the last) dequantised into the workspace
+         * after the split-K part, each multiplied by the dense GEMM; only when a slab's tiles fill every SM */
+        const size_t off = w4a16_workspace_slab_offset(st->sm_count);
+        long long nc = workspace_bytes > off ? (long long)((workspace_bytes - off) / ((size_t)K * 2)) : 0;
+        nc = nc >= N ? N : nc / W4A16_DENSE_BN * W4A16_DENSE_BN;
+        const long long tiles_m = (M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM;
+        if (nc > 0 && tiles_m * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN) >= st->sm_count) {
+            void *slab = (char *)workspace + off;
+            const size_t elt = 2; /* fp16 / bf16 */
+            for (int n0 = 0; n0 < N; n0 += (int)nc) {
+                const int n = N - n0 < nc ? N - n0 : (int)nc;
+                int e = w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream);
+                if (e == 0)
+                    e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
+                                                (char *)C + n0 * elt, M, n, K, N, dtype, stream);
+                if (e != 0) return launch_status(e, op);
+            }
+            return W4A16_OK;
+        }
+    }
     if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper: the wgmma kernels */
         int id = M >= p->wgmma_large_min_m ? 0 : M > 64 ? 1 : 2;
         /* Narrow layers at M 65-128: fewer than 32 blocks of the 128-token tile leave the SMs to split-K; the

@@ -37,13 +37,13 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
  * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
 static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0},
-    {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
-    {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
-    {"sm90", 90, "sm80", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 17, 129},
-    {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0},
-    {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
-    {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0},
+    {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
+    {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
+    {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
+    {"sm90", 90, "sm80", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 17, 129, 2048},
+    {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
+    {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
+    {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
 };
 enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
 
@@ -215,10 +215,12 @@ static void init_state(int device, w4a16_device_state *st) {
     }
     st->profile = p;
     st->status = W4A16_OK;
-    char wg[64] = "";
+    char wg[128] = "";
     if (st->wgmma && p->wgmma_min_m > 0)
-        snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)", p->wgmma_min_m,
-                 p->wgmma_large_min_m);
+        snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
+                 p->wgmma_large_min_m, p->staged_min_m > 0 ? ", staged AWQ GEMMs from M = " : "");
+    if (st->wgmma && p->wgmma_min_m > 0 && p->staged_min_m > 0)
+        snprintf(wg + strlen(wg), sizeof wg - strlen(wg), "%d", p->staged_min_m);
     snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
              p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
              prop.name, arch, st->sm_count, st->smem_optin / 1024,
@@ -366,6 +368,21 @@ size_t w4a16_workspace_counters_bytes(int sm_count) {
 
 size_t w4a16_workspace_bytes_for(int sm_count) {
     return w4a16_workspace_counters_bytes(sm_count) + max_split_partial_bytes(sm_count);
+}
+
+/* The staged path's slab starts 256-byte aligned after the split-K part. */
+size_t w4a16_workspace_slab_offset(int sm_count) { return (w4a16_workspace_bytes_for(sm_count) + 255) & ~(size_t)255; }
+
+w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes) {
+    w4a16_clear_error();
+    if (!bytes) return w4a16_fail(W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    w4a16_status s = w4a16_check_gemm_shape(1, N, K, -1, 32, NULL);
+    if (s != W4A16_OK) return s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_current_device(&device, &st)) != W4A16_OK) return s;
+    *bytes = w4a16_workspace_slab_offset(st->sm_count) + (size_t)N * (size_t)K * 2;
+    return W4A16_OK;
 }
 
 w4a16_status w4a16_workspace_size(size_t *bytes) {

@@ -135,6 +135,16 @@ W4A16_API const char *const *w4a16_profile_names(void);
  * A workspace must not be used by two calls that run concurrently (use one per stream). */
 W4A16_API w4a16_status w4a16_workspace_size(size_t *bytes);
 
+/* Staged large-M AWQ GEMMs (compute capability 9.0): with at least `staged_min_m` tokens (1024 in the sm90 profile;
+ * w4a16-doctor prints it) w4a16_awq_gemm can dequantise the weights into the workspace, a slab of channels at a
+ * time, and multiply each slab with a dense tensor-core GEMM, which is faster there than dequantising inside the
+ * GEMM (vLLM's AWQ path does the same with cuBLAS from 256 tokens on). It runs when the workspace is larger than
+ * w4a16_workspace_size() by at least one slab that fills the GPU; this query gives the bytes for one slab of all N
+ * channels (a K x N weight in dtype: 2 N K bytes more). Smaller workspaces use narrower slabs, down to the one that
+ * still fills the GPU, and otherwise the fused kernel runs; results agree within the tolerance of either.
+ * Sizing for the largest layer of a model serves all of its layers. */
+W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
+
 /* ---------------------------------------------------------------- pure AWQ path
  * Works on AutoAWQ "gemm" checkpoint tensors exactly as stored:
  *   qweight int32 [K, N/8], qzeros int32 [K/G, N/8]: 8 nibbles per word along N, nibble i holds

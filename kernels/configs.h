@@ -34,6 +34,11 @@ enum { W4A16_NUM_GEMM_CONFIGS = 6 };
 
 enum { W4A16_NUM_WGMMA_CONFIGS = 3 };
 
+/* The staged large-M path (sm_90a, kernels/gemm_sm90_dense.cuh): dense GEMM tile of 256 tokens x 128 channels,
+ * 2 warpgroups, 4 stages of 48 KB; the weights are dequantised in slabs of a multiple of 128 channels. Measured
+ * against it (docs/PERFORMANCE.md v14): 3 warpgroups (192 channels) slower; the banded raster vs grid order even. */
+enum { W4A16_DENSE_TM = 256, W4A16_DENSE_WG = 2, W4A16_DENSE_STAGES = 4, W4A16_DENSE_BN = 64 * W4A16_DENSE_WG };
+
 static inline int w4a16_wgmma_tm(int id) {
 #define W4A16_WG_TM_(i, TM, NH, WG, ST, MINB, KPB) if (id == i) return TM;
     W4A16_WGMMA_CONFIGS(W4A16_WG_TM_)

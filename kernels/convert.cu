@@ -4,6 +4,9 @@
 #include "gemm.cuh"
 #include "launch.h"
 #include "marlin_index.h"
+#ifdef W4A16_HAVE_WGMMA
+#include "gemm_sm90_dense.cuh"
+#endif
 
 namespace w4a16 {
 #define W4A16_DECL_(d, l)                                                                                   \
@@ -24,6 +27,12 @@ W4A16_DECL_(0, 1)
 W4A16_DECL_(1, 0)
 W4A16_DECL_(1, 1)
 #undef W4A16_DECL_
+cudaError_t launch_dense_sm90_0_0(const DenseArgs &, cudaStream_t);
+cudaError_t launch_dense_sm90_1_0(const DenseArgs &, cudaStream_t);
+cudaError_t probe_dense_sm90_0_0(cudaFuncAttributes *);
+cudaError_t probe_dense_sm90_1_0(cudaFuncAttributes *);
+int dense_smem_bytes_0_0();
+int dense_smem_bytes_1_0();
 #endif
 
 // ---- AWQ dequantisation: one thread per packed word -> 8 adjacent outputs (one 16-byte store).
@@ -44,6 +53,43 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
         out[col] = Dtype<T>::from_float(v);
     }
     *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = *reinterpret_cast<uint4 *>(out);
+}
+
+// ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A block
+// dequantises 64 k x 64 channels: each thread two k rows of one packed word column (8 channels), written as k pairs
+// into a shared tile of 64 channel rows (pitch 33 words: the 8 word columns of a warp fall in distinct banks), then
+// stored as 128-byte row segments of Wt. Values as awq_dequant_kernel: (q - z) * s rounded once.
+template <typename T>
+__global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__restrict__ qw, const T *__restrict__ s,
+                                                            const uint32_t *__restrict__ qz, T *__restrict__ Wt, int K,
+                                                            int N, int G, int n0) {
+    __shared__ uint32_t tile[64 * 33];
+    const int t = threadIdx.x, words = N / 8;
+    const int k0 = blockIdx.x * 64, c0 = (n0 + blockIdx.y * 64) / 8; // first word column of the block
+    const int c = t % 8, kp = t / 8, k = k0 + 2 * kp;
+    if (k < K) { // K is a multiple of 32: both rows exist, and are in one group (G >= 32)
+        const int g = k / G;
+        const uint32_t w0 = qw[(size_t)k * words + c0 + c], w1 = qw[(size_t)(k + 1) * words + c0 + c];
+        const uint32_t z = qz[(size_t)g * words + c0 + c];
+        const T *srow = s + (size_t)g * N + 8 * (c0 + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int col = awq_order(i), zi = (int)((z >> (4 * i)) & 0xF);
+            const float sc = Dtype<T>::to_float(srow[col]);
+            T lo = Dtype<T>::from_float((float)((int)((w0 >> (4 * i)) & 0xF) - zi) * sc);
+            T hi = Dtype<T>::from_float((float)((int)((w1 >> (4 * i)) & 0xF) - zi) * sc);
+            tile[(8 * c + col) * 33 + kp] =
+                (uint32_t)*reinterpret_cast<const uint16_t *>(&lo) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&hi) << 16);
+        }
+    }
+    __syncthreads();
+    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
+    const size_t row0 = (size_t)blockIdx.y * 64;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int idx = t + 256 * j, n = idx / 32, w = idx % 32;
+        if (k0 + 2 * w < K) out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * 33 + w];
+    }
 }
 
 // ---- Marlin weight: one thread per output word; index maps in marlin_index.h.
@@ -159,6 +205,8 @@ extern "C" int w4a16_probe_gemm_wgmma(void) {
         if (e == cudaSuccess) e = probe_gemm_sm90_1_0(id, &attr);
         if (e == cudaSuccess) e = probe_gemm_sm90_1_1(id, &attr);
     }
+    if (e == cudaSuccess) e = probe_dense_sm90_0_0(&attr); // the staged path's dense GEMM
+    if (e == cudaSuccess) e = probe_dense_sm90_1_0(&attr);
     return e;
 #else
     return cudaErrorInvalidDeviceFunction;
@@ -173,6 +221,7 @@ extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
         r = a > r ? a : r;
         r = b > r ? b : r;
     }
+    r = dense_smem_bytes_0_0() > r ? dense_smem_bytes_0_0() : r;
 #endif
     return r;
 }
@@ -189,6 +238,34 @@ extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scal
         awq_dequant_kernel<__nv_bfloat16><<<blocks_for(n, 256), 256, 0, s>>>(
             qw, static_cast<const __nv_bfloat16 *>(scales), qz, static_cast<__nv_bfloat16 *>(W), K, N, G);
     return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros,
+                                          void *Wt, int K, int N, int G, int n0, int nc, int dtype, void *stream) {
+    dim3 grid((K + 63) / 64, nc / 64);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const uint32_t *qw = reinterpret_cast<const uint32_t *>(qweight), *qz = reinterpret_cast<const uint32_t *>(qzeros);
+    if (dtype == 0)
+        awq_dequant_t_kernel<__half><<<grid, 256, 0, st>>>(qw, static_cast<const __half *>(scales), qz,
+                                                           static_cast<__half *>(Wt), K, N, G, n0);
+    else
+        awq_dequant_t_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales), qz,
+                                                                  static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K,
+                                       int ldc, int dtype, void *stream) {
+#ifdef W4A16_HAVE_WGMMA
+    DenseArgs d;
+    d.A = A; d.W = Wt; d.bias = bias; d.C = C;
+    d.M = M; d.N = nc; d.K = K; d.ldc = ldc;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return dtype == 0 ? launch_dense_sm90_0_0(d, s) : launch_dense_sm90_1_0(d, s);
+#else
+    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)stream;
+    return cudaErrorInvalidDeviceFunction;
+#endif
 }
 
 extern "C" int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream) {

@@ -29,11 +29,18 @@ typedef struct w4a16_gemm_launch {
 int w4a16_launch_gemm(const w4a16_gemm_launch *a);
 /* cudaFuncGetAttributes on one GEMM instance: loads its image, so it tells whether this GPU can run it. */
 int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version);
-/* Loads every sm_90a wgmma GEMM image: cudaSuccess only on a device that runs them (compute capability 9.0)
+/* Loads every sm_90a wgmma GEMM image (the dense one of the staged path too): cudaSuccess only on a device that runs them (compute capability 9.0)
  * and in a build that holds them (ARCHS includes 90). */
 int w4a16_probe_gemm_wgmma(void);
 /* Largest shared memory per block of the wgmma GEMM tiles (0 when they are not compiled in). */
 int w4a16_gemm_wgmma_smem_bytes(void);
+
+/* The staged large-M path (sm_90a only): Wt[nc, K] (dtype) = dequant(AWQ tensors) of channels n0 .. n0 + nc - 1
+ * (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]). */
+int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *Wt, int K,
+                               int N, int G, int n0, int nc, int dtype, void *stream);
+int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K, int ldc,
+                            int dtype, void *stream);
 
 int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
                              int K, int N, int G, int dtype, void *stream);

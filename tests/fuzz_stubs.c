@@ -10,6 +10,14 @@ int w4a16_probe_gemm_wgmma(void) { abort(); }
 int w4a16_gemm_wgmma_smem_bytes(void) { abort(); }
 int w4a16_launch_awq_dequant(const int32_t *q, const void *s, const int32_t *z, void *W, int K, int N, int G, int dt,
                              void *st) { (void)q; (void)s; (void)z; (void)W; (void)K; (void)N; (void)G; (void)dt; (void)st; abort(); }
+int w4a16_launch_awq_dequant_t(const int32_t *q, const void *s, const int32_t *z, void *W, int K, int N, int G, int n0,
+                               int nc, int dt, void *st) {
+    (void)q; (void)s; (void)z; (void)W; (void)K; (void)N; (void)G; (void)n0; (void)nc; (void)dt; (void)st; abort();
+}
+int w4a16_launch_dense_gemm(const void *A, const void *W, const void *b, void *C, int M, int nc, int K, int ldc, int dt,
+                            void *st) {
+    (void)A; (void)W; (void)b; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dt; (void)st; abort();
+}
 int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *st) { (void)in; (void)out; (void)K; (void)N; (void)st; abort(); }
 int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *p, int32_t *out, int K, int N, void *st) {
     (void)in; (void)p; (void)out; (void)K; (void)N; (void)st; abort();

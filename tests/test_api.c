@@ -152,6 +152,11 @@ static void test_introspection_validation(void **state) {
     (void)state;
     EXPECT(w4a16_get_device_info(0, NULL), W4A16_ERR_NULL_POINTER, "info is NULL");
     EXPECT(w4a16_workspace_size(NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    size_t bytes = 12345;
+    EXPECT(w4a16_workspace_size_staged(4096, 4096, NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    EXPECT(w4a16_workspace_size_staged(100, 4096, &bytes), W4A16_ERR_INVALID_SHAPE, "N=100 must be a positive multiple of 64");
+    EXPECT(w4a16_workspace_size_staged(4096, 4010, &bytes), W4A16_ERR_INVALID_SHAPE, "K=4010 must be a positive multiple of 32");
+    assert_int_equal(bytes, 12345); /* nothing written on failure */
     EXPECT(w4a16_force_profile("sm999"), W4A16_ERR_INVALID_VALUE, "profile 'sm999' does not exist");
     w4a16_device_info info;
     EXPECT(w4a16_get_device_info(-1, &info), W4A16_ERR_INVALID_VALUE, "device=-1");
@@ -270,6 +275,7 @@ static void test_no_device_is_reported(void **state) {
     assert_true(strlen(w4a16_last_error_message()) > 10 || strlen(info.reason) > 10);
     size_t bytes = 0;
     assert_int_not_equal(w4a16_workspace_size(&bytes), W4A16_OK);
+    assert_int_not_equal(w4a16_workspace_size_staged(4096, 4096, &bytes), W4A16_OK);
     printf("  no usable GPU here: %s\n", w4a16_last_error_message());
 }
 

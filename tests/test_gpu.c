@@ -23,6 +23,9 @@ static cublasHandle_t blas;
 static void *workspace;
 static size_t workspace_bytes;
 static int sm_count;
+static int staged_device; /* compute capability 9.0 under the sm90 profile: large-M AWQ GEMMs can run staged */
+static void *ws_other;    /* use_ws == 2 in check_gemm: this workspace instead (test_awq_staged) */
+static size_t ws_other_bytes;
 static int quick; /* W4A16_TEST_QUICK=1 (make sanitize): small shapes only, so the sanitizers finish in minutes */
 
 enum { PATH_AWQ = 0, PATH_MARLIN = 1 };
@@ -64,8 +67,9 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
     cublas_gemm(blas, A, L->dense, ref, M, N, K, dt, CUDA_R_32F);
     w4a16_status s;
     if (path == PATH_AWQ)
-        s = w4a16_awq_gemm(A, L->qweight, L->scales, L->qzeros, bias, C, M, N, K, L->G, dt, use_ws ? workspace : NULL,
-                           use_ws ? workspace_bytes : 0, NULL);
+        s = w4a16_awq_gemm(A, L->qweight, L->scales, L->qzeros, bias, C, M, N, K, L->G, dt,
+                           use_ws == 2 ? ws_other : use_ws ? workspace : NULL,
+                           use_ws == 2 ? ws_other_bytes : use_ws ? workspace_bytes : 0, NULL);
     else
         s = w4a16_marlin_gemm(A, L->mweight, L->mscales, L->mzeros, bias, C, M, N, K, L->G, dt,
                               use_ws ? workspace : NULL, use_ws ? workspace_bytes : 0, NULL);
@@ -86,7 +90,8 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
     double err = unwritten ? INFINITY : sqrt(num / den);
     if (use_ws) { /* the counters at the start of the workspace are zero again */
         int *cnt = malloc((size_t)4 * sm_count * sizeof(int)); /* the counters: 4 per SM, at the start */
-        GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(cnt, use_ws == 2 ? ws_other : workspace, (size_t)4 * sm_count * sizeof(int),
+                             cudaMemcpyDeviceToHost));
         for (int i = 0; i < 4 * sm_count; i++)
             if (cnt[i]) fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
         free(cnt);
@@ -154,6 +159,55 @@ static void test_awq_k_tail(void **state) {
                 gpu_layer_free(&L);
             }
     stats_print("AWQ K tail (K % 64 = 32)", &st);
+}
+
+/* The staged large-M AWQ path (dequantised weight slabs in the workspace + dense wgmma GEMM) on compute capability
+ * 9.0: a workspace for the whole layer and one for slabs of 1024 channels (several slabs, the last one narrower), K
+ * with a half-empty last stage, every G, both dtypes, with and without bias. The slab region is filled with a
+ * sentinel first: that it changed shows the staged path ran (the fused kernel never touches it). Elsewhere the same
+ * calls run the fused kernel and must pass the same check. */
+static void test_awq_staged(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const struct { int K, N, M, slab; } cases[] = {
+        {4096, 4096, 2100, 0},    /* one slab, 9 x 32 tiles */
+        {2080, 5632, 2048, 0},    /* K % 64 = 32, 8 x 44 tiles */
+        {2080, 5632, 4096, 2048}, /* slabs of 2048, 2048, 1536 channels */
+        {1024, 8192, 2500, 1792}, /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
+    };
+    const int gs[] = {32, 128, -1};
+    stats st = {0};
+    int staged_runs = 0;
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (int g = 0; g < 3; g++) {
+                if (quick && (c > 0 || g > 0)) continue;
+                const int K = cases[c].K, N = cases[c].N, M = cases[c].M;
+                if (gs[g] > 0 && K % gs[g]) continue;
+                gpu_layer L;
+                gpu_layer_make(&L, K, N, gs[g], dtypes[d], 0, 0, &seed);
+                size_t full;
+                W4_CHECK(w4a16_workspace_size_staged(N, K, &full));
+                const size_t slab_at = full - (size_t)N * K * 2;
+                ws_other_bytes = cases[c].slab ? slab_at + (size_t)cases[c].slab * K * 2 : full;
+                ws_other = gpu_alloc(ws_other_bytes);
+                GPU_CHECK(cudaMemset(ws_other, 0, slab_at));
+                GPU_CHECK(cudaMemset((char *)ws_other + slab_at, 0x7F, ws_other_bytes - slab_at));
+                check_gemm(PATH_AWQ, &L, M, (g + (int)c) % 2, 2, &st);
+                uint32_t probe = 0;
+                GPU_CHECK(cudaMemcpy(&probe, (char *)ws_other + slab_at, 4, cudaMemcpyDeviceToHost));
+                if (probe != 0x7F7F7F7Fu) staged_runs++;
+                if (staged_device && probe == 0x7F7F7F7Fu)
+                    fail_msg("K=%d N=%d M=%d slab=%d: the staged path did not run on this device", K, N, M,
+                             cases[c].slab);
+                if (!staged_device && probe != 0x7F7F7F7Fu)
+                    fail_msg("K=%d N=%d M=%d: the slab was written on a device without the staged path", K, N, M);
+                cudaFree(ws_other);
+                ws_other = NULL;
+                gpu_layer_free(&L);
+            }
+    stats_print(staged_device ? "AWQ staged (dequantise + dense wgmma)" : "AWQ staged workspace (fused kernel here)", &st);
+    printf("  staged runs: %d\n", staged_runs);
 }
 
 /* Every real layer shape of targets.md (and the TP shards), both paths, G = 128. */
@@ -756,6 +810,7 @@ static int setup(void **state) {
     printf("test_gpu: %s; seed %llu\n", info.reason, (unsigned long long)seed);
     have_gpu = 1;
     sm_count = info.sm_count;
+    staged_device = info.cc_major == 9 && info.cc_minor == 0 && strcmp(info.profile, "sm90") == 0;
     BLAS_CHECK(cublasCreate(&blas));
     W4_CHECK(w4a16_workspace_size(&workspace_bytes));
     workspace = gpu_alloc(workspace_bytes);
@@ -785,6 +840,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_m_sweep),
         cmocka_unit_test(test_gemm_real_layers),
         cmocka_unit_test(test_awq_k_tail),
+        cmocka_unit_test(test_awq_staged),
         cmocka_unit_test(test_marlin_gptq),
         cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_act_order_shard),

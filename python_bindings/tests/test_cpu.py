@@ -55,6 +55,12 @@ def test_argument_checks(kwargs, status, text):
     assert e.value.status == status and text in e.value.detail
 
 
+def test_workspace_size_staged_checks_shape_first():
+    with pytest.raises(w4a16.W4A16Error) as e:
+        w4a16.workspace_size_staged(100, 4096)
+    assert e.value.status == 3 and "N=100" in e.value.detail
+
+
 def test_force_profile_unknown_name():
     with pytest.raises(w4a16.W4A16Error) as e:
         w4a16.force_profile("sm999")

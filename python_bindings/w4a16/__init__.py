@@ -6,12 +6,12 @@
 from ._lib import (BF16, FP16, STATUS_NAMES, LibraryNotFound, W4A16Error, awq_dequantize, awq_gemm, compiled_archs,
                    device_info, force_profile, last_error_message, library_path, marlin_awq_zero_points, marlin_gemm,
                    marlin_permute_scales, marlin_repack_awq, marlin_repack_gptq, profile_names, status_string,
-                   version, version_number, workspace_size)
+                   version, version_number, workspace_size, workspace_size_staged)
 
 __version__ = version()
 __all__ = [
     "BF16", "FP16", "STATUS_NAMES", "LibraryNotFound", "W4A16Error", "awq_dequantize", "awq_gemm", "compiled_archs",
     "device_info", "force_profile", "last_error_message", "library_path", "marlin_awq_zero_points", "marlin_gemm",
     "marlin_permute_scales", "marlin_repack_awq", "marlin_repack_gptq", "profile_names", "status_string", "version",
-    "version_number", "workspace_size",
+    "version_number", "workspace_size", "workspace_size_staged",
 ]

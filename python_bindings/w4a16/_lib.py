@@ -71,6 +71,7 @@ _lib.w4a16_compiled_archs.restype = _c.c_char_p
 _lib.w4a16_profile_names.restype = _c.POINTER(_c.c_char_p)
 _lib.w4a16_force_profile.argtypes = [_c.c_char_p]
 _lib.w4a16_workspace_size.argtypes = [_c.POINTER(_c.c_size_t)]
+_lib.w4a16_workspace_size_staged.argtypes = [_c.c_int, _c.c_int, _c.POINTER(_c.c_size_t)]
 
 _P, _I, _Z = _c.c_void_p, _c.c_int, _c.c_size_t
 _SIGS = {
@@ -152,6 +153,13 @@ def force_profile(name=None):
 def workspace_size():
     n = ctypes.c_size_t()
     _check(_lib.w4a16_workspace_size(ctypes.byref(n)), "w4a16_workspace_size")
+    return n.value
+
+
+def workspace_size_staged(N, K):
+    """Workspace bytes that let w4a16_awq_gemm run an [*, K] x [K, N] layer staged at large M (see w4a16.h)."""
+    n = ctypes.c_size_t()
+    _check(_lib.w4a16_workspace_size_staged(int(N), int(K), ctypes.byref(n)), "w4a16_workspace_size_staged")
     return n.value
 
 
