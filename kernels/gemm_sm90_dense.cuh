@@ -3,15 +3,18 @@
 // workspace as Wt [N, K] (K contiguous, like A).
 //
 // C[M, N] (row stride ldc) = A[M, K] * Wt[N, K]^T (+ bias[N]), computed transposed like gemm_sm90.cuh: channels are
-// the MMA's M dimension (each warpgroup 64 of them), tokens its N (TM per block). Both tiles are ActTile copies
-// (cp.async, 128-byte swizzle = the K-major layout wgmma reads by descriptor), so no thread touches an operand
-// between the copy and the tensor cores: per 64-k stage a warp issues its copies, one barrier and 4 wgmma.
-// Pipeline: STAGES slots, STAGES - 2 copies in flight, one batch running while the next is issued (wait_group 1).
+// the MMA's M dimension (each warpgroup 64 of them), tokens its N (TM per block). Both operands reach shared memory
+// by TMA (one thread issues a stage: an A box and a Wt box through tensor maps, zero-filled past M, N and K, written
+// in the 128-byte swizzle that wgmma reads by descriptor); no thread touches an operand on its way to the tensor cores.
+// mbarriers pace the pipeline instead of a block-wide barrier: `full[s]` completes when slot s has landed, `empty[s]`
+// when both warpgroups finished the batch that read it; thread 0 refills the slot of batch i - 2 at step i, released
+// one step earlier, so it rarely waits. One wgmma batch (4 k16 steps) runs while the next is issued (wait_group 1).
+// docs/PERFORMANCE.md v14: a cp.async version of this kernel ran 7-15% slower at M = 4096.
 //
 // Preconditions (host): M >= 1, N a multiple of 64, K a multiple of 8 (16-byte rows), 16-byte aligned A, Wt, C and
-// ldc a multiple of 8; rows past M / N are neither loaded nor stored, k past K zero-filled.
+// ldc a multiple of 8.
 #pragma once
-#include "tiles.cuh"
+#include "common.cuh"
 #include "wgmma.cuh"
 
 namespace w4a16 {
@@ -24,33 +27,34 @@ struct DenseArgs {
 
 template <typename T, int TM, int WG> struct DenseShape {
     static constexpr int THREADS = 128 * WG, BN = 64 * WG, BK = 64;
-    using ATile = ActTile<T, TM, BK, THREADS>;
-    using WTile = ActTile<T, BN, BK, THREADS>;
-    static constexpr int STAGE_BYTES = ATile::BYTES + WTile::BYTES; // both multiples of 1024
+    static constexpr int A_BYTES = TM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2; // 128-byte rows: multiples of 1024
     static constexpr int C_PITCH = BN + 8;
+    // + 128 for the mbarriers after the stages, + alignment slack for the 1024-byte swizzle atoms
     __host__ __device__ static constexpr int smem_bytes(int stages) {
-        return (stages * STAGE_BYTES > TM * C_PITCH * 2 ? stages * STAGE_BYTES : TM * C_PITCH * 2) + 1024;
+        return (stages * STAGE_BYTES > TM * C_PITCH * 2 ? stages * STAGE_BYTES : TM * C_PITCH * 2) + 128 + 1024;
     }
 };
 
 template <typename T, int TM, int WG, int STAGES, int SW = 16>
-__global__ void __launch_bounds__(128 * WG, 1) gemm_sm90_dense_kernel(const DenseArgs p) {
+__global__ void __launch_bounds__(128 * WG, 1)
+    gemm_sm90_dense_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                           const DenseArgs p) {
     using D = Dtype<T>;
     using Shape = DenseShape<T, TM, WG>;
-    using ATile = typename Shape::ATile;
-    using WTile = typename Shape::WTile;
-    constexpr int THREADS = Shape::THREADS, BN = Shape::BN, BK = Shape::BK, STAGE_BYTES = Shape::STAGE_BYTES;
-    constexpr int AHEAD = STAGES - 2;
-    static_assert(ATile::BYTES % 1024 == 0 && WTile::BYTES % 1024 == 0, "wgmma tiles must stay 1024-byte aligned");
-    static_assert(STAGES >= 3, "a slot being read, one being issued, one in flight at least");
+    constexpr int THREADS = Shape::THREADS, BN = Shape::BN, STAGE_BYTES = Shape::STAGE_BYTES;
+    constexpr int A_BYTES = Shape::A_BYTES;
+    static_assert(STAGES >= 3, "the slot of batch i - 2 is refilled at step i");
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem =
         smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+    static_assert(STAGES * STAGE_BYTES >= TM * Shape::C_PITCH * 2, "the barriers follow the stages and the C staging");
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + STAGES * STAGE_BYTES);
+    uint64_t *empty = full + STAGES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    int tm = blockIdx.x, tn = blockIdx.y;
     // Raster: bands of SW channel tiles, the token tiles of a band in order, so that the blocks resident at a time
     // share few A rows and few weight rows (L2 reuse); SW = 0 keeps the grid order.
-    int tm = blockIdx.x, tn = blockIdx.y;
     if (SW > 0) {
         const int bid = blockIdx.y * gridDim.x + blockIdx.x, per_band = SW * gridDim.x, band = bid / per_band;
         const int width = min(SW, (int)gridDim.y - band * SW), idx = bid - band * per_band;
@@ -58,48 +62,47 @@ __global__ void __launch_bounds__(128 * WG, 1) gemm_sm90_dense_kernel(const Dens
         tm = idx / width;
     }
     const int m0 = tm * TM, n0 = tn * BN;
-    const T *A = static_cast<const T *>(p.A), *W = static_cast<const T *>(p.W);
-    const int nk = (p.K + BK - 1) / BK;
-
-    ATile at;
-    WTile wt;
-    at.plan(A, p.M, p.K, m0, 0, tid);
-    wt.plan(W, p.N, p.K, n0, 0, tid);
-    auto load_stage = [&](int slot) {
-        unsigned char *st = smem + slot * STAGE_BYTES;
-        at.issue(st, A, p.K);
-        wt.issue(st + ATile::BYTES, W, p.K);
+    const int nk = (p.K + 63) / 64;
+    auto load = [&](int kt) {
+        unsigned char *st = smem + (kt % STAGES) * STAGE_BYTES;
+        uint64_t *bar = full + kt % STAGES;
+        mbar_expect_tx(bar, STAGE_BYTES);
+        tma_load_2d(st, &map_a, kt * 64, m0, bar);
+        tma_load_2d(st + A_BYTES, &map_w, kt * 64, n0, bar);
     };
-    for (int s = 0; s < AHEAD; s++) {
-        if (s < nk) load_stage(s);
-        cp_async_commit();
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full + s, 1);
+            mbar_init(empty + s, WG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int s = 0; s < STAGES && s < nk; s++) load(s);
     }
+    __syncthreads();
 
-    float acc[TM / 2]; // written by the first wgmma (scale-d = 0)
-    int slot = 0, pf_slot = AHEAD;
+    float acc[TM / 2];
     for (int i = 0; i < nk; i++) {
-        cp_async_wait<AHEAD - 1>();
-        fence_proxy_async_smem();
-        __syncthreads(); // stage i landed; every warpgroup finished batch i - 2, whose slot is refilled below
-        if (i + AHEAD < nk) load_stage(pf_slot);
-        pf_slot = pf_slot + 1 == STAGES ? 0 : pf_slot + 1;
-        cp_async_commit();
+        const int slot = i % STAGES;
+        mbar_wait(full + slot, (i / STAGES) & 1);
         const unsigned char *st = smem + slot * STAGE_BYTES;
-        slot = slot + 1 == STAGES ? 0 : slot + 1;
-        const unsigned char *ws = st + ATile::BYTES + wg * (64 * BK * 2); // this warpgroup's 64 channels
+        const unsigned char *ws = st + A_BYTES + wg * (64 * 64 * 2);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
             wgmma_m64k16_ss<T, TM>(acc, smem_desc_sw128(ws + ks * 32), smem_desc_sw128(st + ks * 32), i + ks > 0);
         wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<1>(); // batch i - 1 done: release its slot
+        if (i > 0 && (tid & 127) == 0) mbar_arrive(empty + (i - 1) % STAGES);
+        const int b = i - 2, kt = b + STAGES; // refill the slot of batch i - 2 with k-tile kt
+        if (tid == 0 && b >= 0 && kt < nk) {
+            mbar_wait(empty + b % STAGES, (b / STAGES) & 1);
+            load(kt);
+        }
     }
     wgmma_wait<0>();
     fence_operands(acc);
-    cp_async_wait_all();
-    __syncthreads(); // all warpgroups are done with the pipeline buffers: stage C there
+    __syncthreads(); // every load was consumed and every batch is done: stage C in the pipeline buffers
 
-    // ---- epilogue: this thread holds channels 64 wg + 16 (warp % 4) + r (+ 8) x tokens 8c + 2q + e
     T *sC = reinterpret_cast<T *>(smem);
     const T *bias = static_cast<const T *>(p.bias);
     const int q = lane & 3, r = lane >> 2;
@@ -125,15 +128,42 @@ __global__ void __launch_bounds__(128 * WG, 1) gemm_sm90_dense_kernel(const Dens
     }
 }
 
+typedef CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                         const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                         CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                         CUtensorMapFloatOOBfill);
+// A 2-D tensor map over rows x K (K contiguous) read in boxes of `box_rows` x 64 with the 128-byte swizzle.
+template <typename T>
+inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows, int K, int box_rows) {
+    static TensorMapEncodeTiled encode = nullptr; // the driver's; one lookup per process (idempotent if racy)
+    if (!encode) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) return e != cudaSuccess ? e : cudaErrorNotSupported;
+        encode = reinterpret_cast<TensorMapEncodeTiled>(fn);
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    CUresult r = encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                        2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <typename T, int TM, int WG, int STAGES>
 cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, cudaStream_t stream) {
     using Shape = DenseShape<T, TM, WG>;
-    auto kern = gemm_sm90_dense_kernel<T, TM, WG, STAGES>;
     const int smem_bytes = Shape::smem_bytes(STAGES);
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
     dim3 grid((a.M + TM - 1) / TM, (a.N + Shape::BN - 1) / Shape::BN);
-    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(a);
+    CUtensorMap ma, mw;
+    cudaError_t e = make_tensor_map<T>(&ma, a.A, a.M, a.K, TM);
+    if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, Shape::BN);
+    if (e != cudaSuccess) return e;
+    auto kern = gemm_sm90_dense_kernel<T, TM, WG, STAGES>;
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return e;
+    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(ma, mw, a);
     return cudaGetLastError();
 }
 
