@@ -110,11 +110,14 @@ void free_all() {
     cache.clear();
 }
 
-// awq_staged: the AWQ path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged),
-// so that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 2048.
-enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3 };
-const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged"};
-constexpr int STAGED_MIN_M = 2048;
+// *_staged: the path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged), so
+// that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 2048.
+enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3, MARLIN_STAGED = 4 };
+const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged", "marlin_staged"};
+#ifndef W4A16_BENCH_STAGED_MIN_M
+#define W4A16_BENCH_STAGED_MIN_M 2048
+#endif
+constexpr int STAGED_MIN_M = W4A16_BENCH_STAGED_MIN_M;
 
 struct Row {
     std::string layer, path, profile, dtype;
@@ -136,11 +139,14 @@ void launch(Path p, LayerData *d, int M, int copy) {
         return;
     }
     const gpu_layer &g = d->q[copy % d->copies_q];
-    w4a16_status s = p != MARLIN ? w4a16_awq_gemm(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K,
-                                                  d->G, d->dt, p == AWQ ? dev.ws : dev.ws_staged,
-                                                  p == AWQ ? dev.ws_bytes : dev.ws_staged_bytes, nullptr)
-                              : w4a16_marlin_gemm(d->A, g.mweight, g.mscales, g.mzeros, nullptr, d->C, M, d->N, d->K,
-                                                  d->G, d->dt, dev.ws, dev.ws_bytes, nullptr);
+    const bool staged = p == AWQ_STAGED || p == MARLIN_STAGED;
+    void *ws = staged ? dev.ws_staged : dev.ws;
+    const size_t ws_bytes = staged ? dev.ws_staged_bytes : dev.ws_bytes;
+    w4a16_status s = p == AWQ || p == AWQ_STAGED
+                         ? w4a16_awq_gemm(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K, d->G, d->dt,
+                                          ws, ws_bytes, nullptr)
+                         : w4a16_marlin_gemm(d->A, g.mweight, g.mscales, g.mzeros, nullptr, d->C, M, d->N, d->K, d->G,
+                                             d->dt, ws, ws_bytes, nullptr);
     W4_CHECK(s);
 }
 
@@ -231,7 +237,10 @@ void register_all() {
                 if (M > f.max_m) continue;
                 if (f.dt == W4A16_BF16 && !opt.full && M != 1 && M != 16 && M != 64 && M != 256 && M != 4096) continue;
                 std::vector<Path> paths = f.paths;
-                if (!f.profile && M >= STAGED_MIN_M) paths.push_back(AWQ_STAGED);
+                if (!f.profile && f.dt == W4A16_FP16 && M >= STAGED_MIN_M) {
+                    paths.push_back(AWQ_STAGED);
+                    paths.push_back(MARLIN_STAGED);
+                }
                 for (Path p : paths) {
                     std::string name = std::string(path_names[p]) + "/" + ly->name + "/M=" + std::to_string(M) + "/" +
                                        (f.dt == W4A16_BF16 ? "bf16" : "fp16") + "/" +
@@ -296,24 +305,25 @@ void summary() {
            dev.info.name, dev.info.profile, dev.copy_tbps, dev.cublas_tflops);
     printf("   times in us (median); x_floor = time / floor; awq/marlin and marlin/cublas are time ratios (lower is "
            "better for the first path)\n");
-    printf("   awq_st = the AWQ path with a staged workspace (M >= %d), st/cubl its time ratio to cuBLAS\n", STAGED_MIN_M);
-    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %8s\n", "layer", "M", "floor", "cublas", "awq", "marlin",
-           "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "st/cubl");
+    printf("   awq_st, mar_st = the paths with a staged workspace (M >= %d); mst/cubl = mar_st / cublas\n", STAGED_MIN_M);
+    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %9s %8s\n", "layer", "M", "floor", "cublas", "awq",
+           "marlin", "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "mar_st", "mst/cubl");
     std::string last;
     for (const Row &r : rows) {
         if (r.path != "cublas_fp16" || r.dtype != "fp16") continue;
         const Row *a = find(r.layer, "awq", "fp16", r.M, false), *m = find(r.layer, "marlin", "fp16", r.M, false);
         const Row *s = find(r.layer, "marlin", "fp16", r.M, true), *b = find(r.layer, "marlin", "bf16", r.M, false);
         if (!a || !m) continue;
-        const Row *st = find(r.layer, "awq_staged", "fp16", r.M, false);
-        char sm[16] = "-", bf[16] = "-", su[16] = "-", sc[16] = "-";
+        const Row *as = find(r.layer, "awq_staged", "fp16", r.M, false), *ms = find(r.layer, "marlin_staged", "fp16", r.M, false);
+        char sm[16] = "-", bf[16] = "-", au[16] = "-", mu[16] = "-", sc[16] = "-";
         if (s) snprintf(sm, sizeof sm, "%.2f", s->us / m->us);
         if (b) snprintf(bf, sizeof bf, "%.2f", b->us / m->us);
-        if (st) snprintf(su, sizeof su, "%.1f", st->us);
-        if (st) snprintf(sc, sizeof sc, "%.2f", st->us / r.us);
-        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %8s\n", r.layer.c_str(), r.M,
+        if (as) snprintf(au, sizeof au, "%.1f", as->us);
+        if (ms) snprintf(mu, sizeof mu, "%.1f", ms->us);
+        if (ms) snprintf(sc, sizeof sc, "%.2f", ms->us / r.us);
+        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %9s %8s\n", r.layer.c_str(), r.M,
                r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm, bf,
-               su, sc);
+               au, mu, sc);
     }
 }
 

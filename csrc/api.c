@@ -53,7 +53,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
     a.splits = 1;
-    if (layout == W4A16_LAYOUT_AWQ && st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m) {
+    if (st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m) {
         /* staged: slabs of nc channels (a multiple of 128, every slab but the last) dequantised into the workspace
          * after the split-K part, each multiplied by the dense GEMM; only when a slab's tiles fill every SM */
         const size_t off = w4a16_workspace_slab_offset(st->sm_count);
@@ -65,7 +65,10 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
             const size_t elt = 2; /* fp16 / bf16 */
             for (int n0 = 0; n0 < N; n0 += (int)nc) {
                 const int n = N - n0 < nc ? N - n0 : (int)nc;
-                int e = w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream);
+                int e = layout == W4A16_LAYOUT_AWQ
+                            ? w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream)
+                            : w4a16_launch_marlin_dequant_t(B, scales, zeros, slab, K, N, a.gshift, a.marlin_channelwise,
+                                                            n0, n, dtype, stream);
                 if (e == 0)
                     e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
                                                 (char *)C + n0 * elt, M, n, K, N, dtype, stream);

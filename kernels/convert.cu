@@ -92,6 +92,57 @@ __global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__re
     }
 }
 
+// ---- Marlin-layout dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1
+// (n0 a multiple of 64). A block takes 4 rows of 16 k (64 k) of one 64-column chunk: 512 Marlin words, two per
+// thread. The index map of the format (w4a16_marlin_source) puts a word's 8 nibbles in 2 columns (blocks) x 4 k rows
+// of one 16-row tile, so one group: a word needs 2 scales and 2 zero points, staged in shared memory per block as
+// floats (GPTQ without zero points: uint4b8, zero 8). Values go as 16-bit entries into a shared tile of 64 channel
+// rows (pitch 36 words: the 8 columns x 4 k-pairs a warp writes fall in 32 distinct banks), then out as 128-byte row
+// segments of Wt. Each value is (q - z) * s rounded once, as the fused kernel computes it. K % 128 == 0: no tail.
+template <typename T>
+__global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *__restrict__ mw, const T *__restrict__ s,
+                                                               const uint32_t *__restrict__ mz, T *__restrict__ Wt,
+                                                               int K, int N, int gshift, int channelwise, int n0) {
+    constexpr int PITCH = 36; // words per channel row of the tile
+    __shared__ uint32_t tile[64 * PITCH];
+    __shared__ float sc[2][64], zs[2][64]; // the block's (at most two, G >= 32) groups x 64 columns: scale, zero * scale
+    uint16_t *tile16 = reinterpret_cast<uint16_t *>(tile);
+    const int t = threadIdx.x, k0 = blockIdx.x * 64, chunk = (n0 / 64) + blockIdx.y, g0 = k0 >> gshift;
+    const int g_last = (K - 1) >> gshift;
+    if (t < 128) {
+        const int gl = t / 64, n = 64 * chunk + t % 64, g = min(g0 + gl, g_last), p = w4a16_marlin_scale_pos(n, 0);
+        const float v = Dtype<T>::to_float(s[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)]);
+        const int z = mz ? (int)((mz[(size_t)g * (N / 8) + p / 8] >> (4 * w4a16_awq_reverse(p % 8))) & 0xF) : 8;
+        sc[gl][t % 64] = v;
+        zs[gl][t % 64] = (float)z * v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // word u = 4 lane + j of row kt (w4a16_marlin_source): a warp takes one j and 32 lanes
+        const int idx = t + 256 * r, kt = k0 / 16 + idx / 128, j = (idx % 128) / 32, lane = idx % 32;
+        const uint32_t word = mw[(size_t)kt * (2 * N) + 128 * chunk + 4 * lane + j];
+        const int q = lane % 4, kb = 16 * kt + 2 * q - k0, cb = 16 * j + lane / 4, gl = ((16 * kt) >> gshift) - g0;
+        const float s0 = sc[gl][cb], z0 = zs[gl][cb], s1 = sc[gl][cb + 8], z1 = zs[gl][cb + 8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = w4a16_awq_order(i), blk = e / 4, ri = e % 4; // as w4a16_marlin_source
+            const int kl = kb + (ri & 1) + 8 * (ri >> 1), c = cb + 8 * blk;
+            const float qv = (float)((word >> (4 * i)) & 0xF);
+            const T v = Dtype<T>::from_float(blk ? qv * s1 - z1 : qv * s0 - z0);
+            tile16[c * (2 * PITCH) + kl] = *reinterpret_cast<const uint16_t *>(&v);
+        }
+    }
+    __syncthreads();
+    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
+    const size_t row0 = (size_t)blockIdx.y * 64;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        const int idx = t + 256 * r, n = idx / 32, w = idx % 32;
+        out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * PITCH + w];
+    }
+}
+
 // ---- Marlin weight: one thread per output word; index maps in marlin_index.h.
 __global__ void repack_kernel(const int32_t *__restrict__ in, const int32_t *__restrict__ perm,
                               uint32_t *__restrict__ out, int K, int N, int is_gptq) {
@@ -251,6 +302,22 @@ extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *sc
     else
         awq_dequant_t_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales), qz,
                                                                   static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *scales, const int32_t *zeros, void *Wt,
+                                             int K, int N, int gshift, int channelwise, int n0, int nc, int dtype,
+                                             void *stream) {
+    dim3 grid(K / 64, nc / 64);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(weight), *z = reinterpret_cast<const uint32_t *>(zeros);
+    if (dtype == 0)
+        marlin_dequant_t_kernel<__half><<<grid, 256, 0, st>>>(w, static_cast<const __half *>(scales), z,
+                                                              static_cast<__half *>(Wt), K, N, gshift, channelwise, n0);
+    else
+        marlin_dequant_t_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(w, static_cast<const __nv_bfloat16 *>(scales), z,
+                                                                     static_cast<__nv_bfloat16 *>(Wt), K, N, gshift,
+                                                                     channelwise, n0);
     return cudaGetLastError();
 }
 

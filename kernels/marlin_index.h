@@ -39,6 +39,16 @@ W4A16_HD int w4a16_marlin_scale_source(int pos, int channelwise) {
     return 64 * h + p / 8 + 8 * (p % 8);
 }
 
+/* Inverse of w4a16_marlin_scale_source: the position of column n's scale in a Marlin scale row. */
+W4A16_HD int w4a16_marlin_scale_pos(int n, int channelwise) {
+    if (channelwise) {
+        int h = n / 32, c = n % 32, r = c % 8;
+        return 32 * h + 8 * (r / 2) + 2 * (c / 8) + (r % 2);
+    }
+    int h = n / 64, c = n % 64;
+    return 64 * h + 8 * (c % 8) + c / 8;
+}
+
 /* Nibble (k, n) of a packed source: AWQ [K, N/8] packed along N, or GPTQ [K/8, N] packed along K, whose row k
  * is source row perm[k] when perm is given (act-order). */
 W4A16_HD uint32_t w4a16_source_nibble(const int32_t *in, const int32_t *perm, int k, int n, int N, int is_gptq) {
@@ -63,5 +73,6 @@ W4A16_HD uint32_t w4a16_marlin_word(const int32_t *in, const int32_t *perm, int 
 
 /* Marlin zero points (from AWQ): nibble t of word w of a row holds the zero of this column. */
 W4A16_HD int w4a16_marlin_zero_source(int w, int t) { return w4a16_marlin_scale_source(8 * w + w4a16_awq_order(t), 0); }
+/* ... and column n's zero point is nibble w4a16_awq_reverse(p % 8) of word p / 8, p = w4a16_marlin_scale_pos(n, 0). */
 
 #endif

@@ -14,6 +14,11 @@ int w4a16_launch_awq_dequant_t(const int32_t *q, const void *s, const int32_t *z
                                int nc, int dt, void *st) {
     (void)q; (void)s; (void)z; (void)W; (void)K; (void)N; (void)G; (void)n0; (void)nc; (void)dt; (void)st; abort();
 }
+int w4a16_launch_marlin_dequant_t(const int32_t *w, const void *s, const int32_t *z, void *Wt, int K, int N, int G, int cw,
+                                  int n0, int nc, int dt, void *st) {
+    (void)w; (void)s; (void)z; (void)Wt; (void)K; (void)N; (void)G; (void)cw; (void)n0; (void)nc; (void)dt; (void)st;
+    abort();
+}
 int w4a16_launch_dense_gemm(const void *A, const void *W, const void *b, void *C, int M, int nc, int K, int ldc, int dt,
                             void *st) {
     (void)A; (void)W; (void)b; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dt; (void)st; abort();

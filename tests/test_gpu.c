@@ -72,7 +72,8 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
                            use_ws == 2 ? ws_other_bytes : use_ws ? workspace_bytes : 0, NULL);
     else
         s = w4a16_marlin_gemm(A, L->mweight, L->mscales, L->mzeros, bias, C, M, N, K, L->G, dt,
-                              use_ws ? workspace : NULL, use_ws ? workspace_bytes : 0, NULL);
+                              use_ws == 2 ? ws_other : use_ws ? workspace : NULL,
+                              use_ws == 2 ? ws_other_bytes : use_ws ? workspace_bytes : 0, NULL);
     if (s != W4A16_OK) fail_msg("%s M=%d K=%d N=%d: %s: %s", path_name[path], M, K, N, w4a16_status_string(s),
                                 w4a16_last_error_message());
     GPU_CHECK(cudaDeviceSynchronize());
@@ -161,19 +162,20 @@ static void test_awq_k_tail(void **state) {
     stats_print("AWQ K tail (K % 64 = 32)", &st);
 }
 
-/* The staged large-M AWQ path (dequantised weight slabs in the workspace + dense wgmma GEMM) on compute capability
- * 9.0: a workspace for the whole layer and one for slabs of 1024 channels (several slabs, the last one narrower), K
- * with a half-empty last stage, every G, both dtypes, with and without bias. The slab region is filled with a
- * sentinel first: that it changed shows the staged path ran (the fused kernel never touches it). Elsewhere the same
- * calls run the fused kernel and must pass the same check. */
-static void test_awq_staged(void **state) {
+/* The staged large-M path (dequantised weight slabs in the workspace + dense TMA/wgmma GEMM) on compute capability
+ * 9.0, both layouts: a workspace for the whole layer and one for slabs narrower than N (several slabs, the last one
+ * narrower), K with a half-empty last stage (AWQ), every G, GPTQ-Marlin without zero points, both dtypes, with and
+ * without bias. The slab region is filled with a sentinel first: that it changed shows the staged path ran (the
+ * fused kernels never touch it). Elsewhere the same calls run the fused kernels and must pass the same check. */
+static void test_staged(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const struct { int K, N, M, slab; } cases[] = {
-        {4096, 4096, 2100, 0},    /* one slab, 9 x 32 tiles */
-        {2080, 5632, 2048, 0},    /* K % 64 = 32, 8 x 44 tiles */
-        {2080, 5632, 4096, 2048}, /* slabs of 2048, 2048, 1536 channels */
-        {1024, 8192, 2500, 1792}, /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
+    const struct { int K, N, M, slab, gptq; } cases[] = {
+        {4096, 4096, 2100, 0, 0},    /* one slab, 9 x 32 tiles */
+        {2080, 5632, 2048, 0, 0},    /* K % 64 = 32 (AWQ only), 8 x 44 tiles */
+        {2048, 5632, 4096, 2048, 0}, /* slabs of 2048, 2048, 1536 channels */
+        {1024, 8192, 2500, 1792, 0}, /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
+        {3072, 2048, 4096, 0, 1},    /* GPTQ (Marlin path, uint4b8) */
     };
     const int gs[] = {32, 128, -1};
     stats st = {0};
@@ -185,28 +187,32 @@ static void test_awq_staged(void **state) {
                 const int K = cases[c].K, N = cases[c].N, M = cases[c].M;
                 if (gs[g] > 0 && K % gs[g]) continue;
                 gpu_layer L;
-                gpu_layer_make(&L, K, N, gs[g], dtypes[d], 0, 0, &seed);
+                gpu_layer_make(&L, K, N, gs[g], dtypes[d], cases[c].gptq, K % 128 == 0, &seed);
                 size_t full;
                 W4_CHECK(w4a16_workspace_size_staged(N, K, &full));
                 const size_t slab_at = full - (size_t)N * K * 2;
                 ws_other_bytes = cases[c].slab ? slab_at + (size_t)cases[c].slab * K * 2 : full;
                 ws_other = gpu_alloc(ws_other_bytes);
                 GPU_CHECK(cudaMemset(ws_other, 0, slab_at));
-                GPU_CHECK(cudaMemset((char *)ws_other + slab_at, 0x7F, ws_other_bytes - slab_at));
-                check_gemm(PATH_AWQ, &L, M, (g + (int)c) % 2, 2, &st);
-                uint32_t probe = 0;
-                GPU_CHECK(cudaMemcpy(&probe, (char *)ws_other + slab_at, 4, cudaMemcpyDeviceToHost));
-                if (probe != 0x7F7F7F7Fu) staged_runs++;
-                if (staged_device && probe == 0x7F7F7F7Fu)
-                    fail_msg("K=%d N=%d M=%d slab=%d: the staged path did not run on this device", K, N, M,
-                             cases[c].slab);
-                if (!staged_device && probe != 0x7F7F7F7Fu)
-                    fail_msg("K=%d N=%d M=%d: the slab was written on a device without the staged path", K, N, M);
+                for (int path = cases[c].gptq ? PATH_MARLIN : PATH_AWQ; path <= (K % 128 == 0 ? PATH_MARLIN : PATH_AWQ);
+                     path++) {
+                    GPU_CHECK(cudaMemset((char *)ws_other + slab_at, 0x7F, ws_other_bytes - slab_at));
+                    check_gemm(path, &L, M, (g + (int)c + path) % 2, 2, &st);
+                    uint32_t probe = 0;
+                    GPU_CHECK(cudaMemcpy(&probe, (char *)ws_other + slab_at, 4, cudaMemcpyDeviceToHost));
+                    if (probe != 0x7F7F7F7Fu) staged_runs++;
+                    if (staged_device && probe == 0x7F7F7F7Fu)
+                        fail_msg("%s K=%d N=%d M=%d slab=%d: the staged path did not run on this device",
+                                 path_name[path], K, N, M, cases[c].slab);
+                    if (!staged_device && probe != 0x7F7F7F7Fu)
+                        fail_msg("%s K=%d N=%d M=%d: the slab was written on a device without the staged path",
+                                 path_name[path], K, N, M);
+                }
                 cudaFree(ws_other);
                 ws_other = NULL;
                 gpu_layer_free(&L);
             }
-    stats_print(staged_device ? "AWQ staged (dequantise + dense wgmma)" : "AWQ staged workspace (fused kernel here)", &st);
+    stats_print(staged_device ? "staged (dequantise + dense wgmma)" : "staged workspace (fused kernels here)", &st);
     printf("  staged runs: %d\n", staged_runs);
 }
 
@@ -218,7 +224,7 @@ static void test_selfref_staged_vs_fused(void **state) {
     const int M = 2100, K = 1024, N = 4096;
     const w4a16_dtype dt = W4A16_BF16;
     gpu_layer L;
-    gpu_layer_make(&L, K, N, 64, dt, 0, 0, &seed);
+    gpu_layer_make(&L, K, N, 64, dt, 0, 1, &seed);
     size_t full;
     W4_CHECK(w4a16_workspace_size_staged(N, K, &full));
     const size_t ws_bytes = full - (size_t)N * K * 2 + (size_t)2048 * K * 2; /* slabs of 2048 channels */
@@ -230,23 +236,31 @@ static void test_selfref_staged_vs_fused(void **state) {
     fill_random_half(hb, N, -1.f, 1.f, dt, &seed);
     void *A = gpu_upload(hA, (size_t)2 * M * K), *bias = gpu_upload(hb, (size_t)2 * N);
     void *C1 = gpu_alloc((size_t)2 * M * N), *C2 = gpu_alloc((size_t)2 * M * N);
-    GPU_CHECK(cudaMemset(C1, 0xFF, (size_t)2 * M * N));
-    GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
-    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
-    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, workspace, workspace_bytes,
-                            NULL));
-    GPU_CHECK(cudaMemcpy(c1, C1, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-    GPU_CHECK(cudaMemcpy(c2, C2, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < (size_t)M * N; i++) {
-        double a = w4a16_ref_to_float(c1[i], dt), b = w4a16_ref_to_float(c2[i], dt);
-        if (isnan(a) || isnan(b)) fail_msg("staged vs fused: output %zu not written", i);
-        num += (a - b) * (a - b);
-        den += b * b;
+    for (int path = 0; path < 2; path++) {
+        GPU_CHECK(cudaMemset(C1, 0xFF, (size_t)2 * M * N));
+        GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
+        if (path == PATH_AWQ) {
+            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
+            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, workspace,
+                                    workspace_bytes, NULL));
+        } else {
+            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
+            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C2, M, N, K, 64, dt, workspace,
+                                       workspace_bytes, NULL));
+        }
+        GPU_CHECK(cudaMemcpy(c1, C1, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(c2, C2, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)M * N; i++) {
+            double a = w4a16_ref_to_float(c1[i], dt), b = w4a16_ref_to_float(c2[i], dt);
+            if (isnan(a) || isnan(b)) fail_msg("%s staged vs fused: output %zu not written", path_name[path], i);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+        printf("  %s %s vs fused on the same tensors (M=%d K=%d N=%d bf16 +bias): relative difference %.2e\n",
+               path_name[path], staged_device ? "staged" : "staged workspace (fused here)", M, K, N, sqrt(num / den));
+        assert_true(sqrt(num / den) < tolerance(dt) / 2);
     }
-    printf("  %s vs fused on the same tensors (M=%d K=%d N=%d bf16 +bias): relative difference %.2e\n",
-           staged_device ? "staged" : "staged workspace (fused here)", M, K, N, sqrt(num / den));
-    assert_true(sqrt(num / den) < tolerance(dt) / 2);
     cudaFree(A); cudaFree(bias); cudaFree(C1); cudaFree(C2); cudaFree(ws);
     free(hA); free(hb); free(c1); free(c2);
     gpu_layer_free(&L);
@@ -883,7 +897,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_m_sweep),
         cmocka_unit_test(test_gemm_real_layers),
         cmocka_unit_test(test_awq_k_tail),
-        cmocka_unit_test(test_awq_staged),
+        cmocka_unit_test(test_staged),
         cmocka_unit_test(test_marlin_gptq),
         cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_act_order_shard),

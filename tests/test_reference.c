@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "../csrc/reference.h"
+#include "../kernels/marlin_index.h"
 #include "marlin_literal.h"
 
 static uint64_t seed;
@@ -201,6 +202,20 @@ static void test_marlin_perm_is_a_permutation(void **state) {
     for (int i = 0; i < 8; i++) assert_int_equal(perm[i], lane0[i]);
 }
 
+/* The staged path's Marlin dequantisation finds a column's scale and zero point through the inverse map. */
+static void test_marlin_scale_pos_inverts_source(void **state) {
+    (void)state;
+    for (int cw = 0; cw < 2; cw++)
+        for (int pos = 0; pos < 256; pos++) {
+            assert_int_equal(w4a16_marlin_scale_pos(w4a16_marlin_scale_source(pos, cw), cw), pos);
+            assert_int_equal(w4a16_marlin_scale_source(w4a16_marlin_scale_pos(pos, cw), cw), pos);
+        }
+    for (int n = 0; n < 128; n++) { /* zero point of column n: nibble reverse(p % 8) of word p / 8 */
+        int p = w4a16_marlin_scale_pos(n, 0);
+        assert_int_equal(w4a16_marlin_zero_source(p / 8, w4a16_awq_reverse(p % 8)), n);
+    }
+}
+
 int main(void) {
     seed = (uint64_t)time(NULL) ^ 0x5DEECE66Dull; /* fresh random inputs every run */
     printf("test_reference: seed %llu\n", (unsigned long long)seed);
@@ -215,6 +230,7 @@ int main(void) {
         cmocka_unit_test(test_marlin_repack_matches_literal),
         cmocka_unit_test(test_marlin_repack_gptq_perm),
         cmocka_unit_test(test_marlin_scales_and_zeros_match_literal),
+        cmocka_unit_test(test_marlin_scale_pos_inverts_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
