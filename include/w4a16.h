@@ -135,14 +135,17 @@ W4A16_API const char *const *w4a16_profile_names(void);
  * A workspace must not be used by two calls that run concurrently (use one per stream). */
 W4A16_API w4a16_status w4a16_workspace_size(size_t *bytes);
 
-/* Staged large-M AWQ GEMMs (compute capability 9.0): with at least `staged_min_m` tokens (1024 in the sm90 profile;
- * w4a16-doctor prints it) w4a16_awq_gemm can dequantise the weights into the workspace, a slab of channels at a
- * time, and multiply each slab with a dense tensor-core GEMM, which is faster there than dequantising inside the
- * GEMM (vLLM's AWQ path does the same with cuBLAS from 256 tokens on). It runs when the workspace is larger than
- * w4a16_workspace_size() by at least one slab that fills the GPU; this query gives the bytes for one slab of all N
- * channels (a K x N weight in dtype: 2 N K bytes more). Smaller workspaces use narrower slabs, down to the one that
- * still fills the GPU, and otherwise the fused kernel runs; results agree within the tolerance of either.
- * Sizing for the largest layer of a model serves all of its layers. */
+/* Staged large-M GEMMs (compute capability 9.0): with at least `staged_min_m` tokens (2048 in the sm90 profile;
+ * w4a16-doctor prints it) w4a16_awq_gemm and w4a16_marlin_gemm can dequantise the weights into the workspace, a slab
+ * of channels at a time, and multiply each slab with a dense tensor-core GEMM (TMA + wgmma), which is faster there
+ * than dequantising inside the GEMM (vLLM's AWQ path does the same with cuBLAS from 256 tokens on). It runs when the
+ * workspace is larger than w4a16_workspace_size() by at least one slab that fills the GPU; this query gives the bytes
+ * for one slab of all N channels (w4a16_workspace_size() rounded up to 256, plus a K x N weight in dtype: 2 N K bytes).
+ * Smaller workspaces use narrower slabs (multiples of 128 channels) down to the narrowest whose tiles still cover
+ * every SM, and otherwise the fused kernel runs; either way the result agrees with the fused kernel's within the
+ * tolerance of the tests. Sizing for the largest layer of a model serves all of its layers. The slab needs no zeroing.
+ * Returns W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE (N not a positive multiple of 64, K not of 32) or a device
+ * status, and then writes nothing. */
 W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
 
 /* ---------------------------------------------------------------- pure AWQ path
