@@ -221,7 +221,7 @@ static void init_state(int device, w4a16_device_state *st) {
     char wg[128] = "";
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
-                 p->wgmma_large_min_m, p->staged_min_m > 0 ? ", staged AWQ GEMMs from M = " : "");
+                 p->wgmma_large_min_m, p->staged_min_m > 0 ? ", staged GEMMs from M = " : "");
     if (st->wgmma && p->wgmma_min_m > 0 && p->staged_min_m > 0)
         snprintf(wg + strlen(wg), sizeof wg - strlen(wg), "%d", p->staged_min_m);
     snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
