@@ -83,6 +83,9 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
          * 64-token tile (two blocks per SM) was measured faster there (llama3-8b.o M = 128: 41 -> 24 us) and slower
          * on wider layers (qwen2.5-72b.o, 32 tiles: 58 -> 69 us). */
         if (id == 1 && (long long)((M + 127) / 128) * ((N + w4a16_wgmma_bn(1) - 1) / w4a16_wgmma_bn(1)) < 32) id = 2;
+        /* Very wide layers at M 17-64: the 256-channel tile halves the per-stage work per weight and still makes 1.5
+         * blocks per SM (qwen2.5-72b.gate_up, N = 59136: 224 -> 184 us at M = 64; 8B gate_up, 112 tiles, is slower). */
+        if (id == 2 && (long long)((N + w4a16_wgmma_bn(3) - 1) / w4a16_wgmma_bn(3)) * 2 >= 3LL * st->sm_count) id = 3;
         const int tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
         const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
         a.wgmma = 1 + id;

@@ -270,7 +270,7 @@ static void test_selfref_staged_vs_fused(void **state) {
 static void test_gemm_real_layers(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const int ms[] = {1, 16, 64, 256, 1024};
+    const int ms[] = {1, 16, 40, 64, 256, 1024}; /* 40 and 64: the 64-token wgmma tiles (256 channels on the widest) */
     stats st = {0};
     if (quick) {
         printf("  SKIPPED in quick mode (W4A16_TEST_QUICK)\n");
@@ -281,7 +281,7 @@ static void test_gemm_real_layers(void **state) {
         if (ly->family == 1) continue; /* the other full models share these shapes' regimes */
         gpu_layer L;
         gpu_layer_make(&L, ly->K, ly->N, 128, i % 2 ? W4A16_BF16 : W4A16_FP16, 0, 1, &seed);
-        for (int m = 0; m < 5; m++) {
+        for (int m = 0; m < 6; m++) {
             check_gemm(PATH_AWQ, &L, ms[m], 0, 1, &st);
             check_gemm(PATH_MARLIN, &L, ms[m], 0, 1, &st);
         }
