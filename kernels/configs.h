@@ -31,7 +31,7 @@ enum { W4A16_NUM_GEMM_CONFIGS = 6 };
     X(0, 256, 4, 2, 5, 1, 2) /* M > 128: 256 tokens x 128 channels (5 x 38 KB) */                      \
     X(1, 128, 2, 2, 5, 1, 2) /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */                     \
     X(2, 64, 4, 2, 6, 2, 2)  /* M 17-64: 64 tokens x 128 channels, two blocks per SM (6 x 14 KB) */ \
-    X(3, 64, 2, 2, 6, 2, 2)  /* M 17-64 on very wide layers: 64 tokens x 256 channels (6 x 18 KB) */
+    X(3, 64, 2, 2, 5, 2, 2)  /* M 17-64 on very wide layers: 64 tokens x 256 channels (5 x 19 KB: two blocks per SM with AWQ rows too) */
 
 enum { W4A16_NUM_WGMMA_CONFIGS = 4 };
 
