@@ -55,6 +55,19 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
     *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = *reinterpret_cast<uint4 *>(out);
 }
 
+// The staged path's dequantisers finish alike: a shared tile of 64 channel rows x 64 k (32 words per row, PITCH apart)
+// goes to rows blockIdx.y * 64 .. + 63 of Wt [*, K] at k0, as 128-byte row segments (k past K skipped: the AWQ tail).
+template <int PITCH, typename T>
+__device__ __forceinline__ void store_wt_tile(const uint32_t *tile, T *Wt, int K, int k0, int t) {
+    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
+    const size_t row0 = (size_t)blockIdx.y * 64;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int idx = t + 256 * j, n = idx / 32, w = idx % 32;
+        if (k0 + 2 * w < K) out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * PITCH + w];
+    }
+}
+
 // ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A block
 // dequantises 64 k x 64 channels: each thread two k rows of one packed word column (8 channels), written as k pairs
 // into a shared tile of 64 channel rows (pitch 33 words: the 8 word columns of a warp fall in distinct banks), then
@@ -83,13 +96,7 @@ __global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__re
         }
     }
     __syncthreads();
-    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
-    const size_t row0 = (size_t)blockIdx.y * 64;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int idx = t + 256 * j, n = idx / 32, w = idx % 32;
-        if (k0 + 2 * w < K) out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * 33 + w];
-    }
+    store_wt_tile<33>(tile, Wt, K, k0, t);
 }
 
 // ---- Marlin-layout dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1
@@ -134,13 +141,7 @@ __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *_
         }
     }
     __syncthreads();
-    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
-    const size_t row0 = (size_t)blockIdx.y * 64;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        const int idx = t + 256 * r, n = idx / 32, w = idx % 32;
-        out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * PITCH + w];
-    }
+    store_wt_tile<PITCH>(tile, Wt, K, k0, t);
 }
 
 // ---- Marlin weight: one thread per output word; index maps in marlin_index.h.

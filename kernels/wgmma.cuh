@@ -47,7 +47,13 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
 // wgmma m64nNk16, fp32 accumulators d (N/2 per thread: rows r and r + 8 of warp w's slab 16w..16w+15, columns
 // 8c + 2q, 8c + 2q + 1); `accumulate` 0 overwrites d. B (the activations) is K-major in shared memory, by
 // descriptor. A is either registers (RS: 4 per thread, the m16n8k16 A-fragment layout per warp, warp w holding
-// rows 16w..16w+15) or a K-major shared-memory tile by descriptor (SS). The accumulate flag is operand N/2.
+// rows 16w..16w+15) or a K-major shared-memory tile by descriptor (SS). The accumulate flag is operand N/2;
+// W4A16_D32_(i) names the accumulator operands d[i] .. d[i + 31].
+#define W4A16_D8_(i)                                                                                            \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]),       \
+        "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define W4A16_D32_(i) W4A16_D8_(i), W4A16_D8_((i) + 8), W4A16_D8_((i) + 16), W4A16_D8_((i) + 24)
+
 #define W4A16_WGMMA_N256_(TY, OPS, ...)                                                                                    \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %128, 0;\n"                                                             \
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                                             \
@@ -59,22 +65,7 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
                  "%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,"    \
                  "%120,%121,%122,%123,%124,%125,%126,%127"                                                                 \
                  "}, " OPS ";\n}\n"                                                                                        \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                  \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),            \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),          \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),          \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),          \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),          \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),          \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),          \
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),          \
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),          \
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),          \
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),          \
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),      \
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),  \
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),  \
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])   \
+        : W4A16_D32_(0), W4A16_D32_(32), W4A16_D32_(64), W4A16_D32_(96)                                                    \
         : "r"(accumulate), __VA_ARGS__)
 
 #define W4A16_WGMMA_N128_(TY, OPS, ...)                                                                            \
@@ -85,14 +76,7 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
                  "%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"                \
                  "%60,%61,%62,%63"                                                                                 \
                  "}, " OPS ";\n}\n"                                                                                \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])   \
+        : W4A16_D32_(0), W4A16_D32_(32)                                                                            \
         : "r"(accumulate), __VA_ARGS__)
 
 #define W4A16_WGMMA_N64_(TY, OPS, ...)                                                                             \
@@ -101,10 +85,7 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
                  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                          \
                  "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                                 \
                  "}, " OPS ";\n}\n"                                                                                \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+        : W4A16_D32_(0)                                                                                            \
         : "r"(accumulate), __VA_ARGS__)
 
 template <typename T, int N>
@@ -144,6 +125,8 @@ __device__ __forceinline__ void wgmma_m64k16_ss(float (&d)[N / 2], uint64_t desc
 #undef W4A16_WGMMA_N256_
 #undef W4A16_WGMMA_N128_
 #undef W4A16_WGMMA_N64_
+#undef W4A16_D32_
+#undef W4A16_D8_
 
 // ---- mbarriers (shared-memory arrival counters with phases) and TMA tile loads: the dense GEMM's pipeline.
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
