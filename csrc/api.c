@@ -23,6 +23,14 @@ static int group_shift(int G) {
     return s;
 }
 
+int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count) {
+    const size_t off = w4a16_workspace_slab_offset(sm_count);
+    long long nc = workspace_bytes > off ? (long long)((workspace_bytes - off) / ((size_t)K * 2)) : 0;
+    nc = nc >= N ? N : nc / W4A16_DENSE_BN * W4A16_DENSE_BN;
+    const long long tiles_m = (M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM;
+    return nc > 0 && tiles_m * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN) >= sm_count ? (int)nc : 0;
+}
+
 static w4a16_status launch_status(int err, const char *op) {
     if (err == cudaSuccess) return W4A16_OK;
     return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
@@ -53,29 +61,26 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
     a.splits = 1;
-    if (st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m) {
-        /* staged: slabs of nc channels (a multiple of 128, every slab but the last) dequantised into the workspace
-         * after the split-K part, each multiplied by the dense GEMM; only when a slab's tiles fill every SM */
-        const size_t off = w4a16_workspace_slab_offset(st->sm_count);
-        long long nc = workspace_bytes > off ? (long long)((workspace_bytes - off) / ((size_t)K * 2)) : 0;
-        nc = nc >= N ? N : nc / W4A16_DENSE_BN * W4A16_DENSE_BN;
-        const long long tiles_m = (M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM;
-        if (nc > 0 && tiles_m * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN) >= st->sm_count) {
-            void *slab = (char *)workspace + off;
-            const size_t elt = 2; /* fp16 / bf16 */
-            for (int n0 = 0; n0 < N; n0 += (int)nc) {
-                const int n = N - n0 < nc ? N - n0 : (int)nc;
-                int e = layout == W4A16_LAYOUT_AWQ
-                            ? w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream)
-                            : w4a16_launch_marlin_dequant_t(B, scales, zeros, slab, K, N, a.gshift, a.marlin_channelwise,
-                                                            n0, n, dtype, stream);
-                if (e == 0)
-                    e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
-                                                (char *)C + n0 * elt, M, n, K, N, dtype, stream);
-                if (e != 0) return launch_status(e, op);
-            }
-            return W4A16_OK;
+    const int nc = st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m
+                       ? w4a16_staged_slab_channels(M, N, K, workspace_bytes, st->sm_count)
+                       : 0;
+    if (nc > 0) {
+        /* staged: slabs of nc channels dequantised into the workspace after the split-K part, each multiplied by the
+         * dense GEMM */
+        void *slab = (char *)workspace + w4a16_workspace_slab_offset(st->sm_count);
+        const size_t elt = 2; /* fp16 / bf16 */
+        for (int n0 = 0; n0 < N; n0 += nc) {
+            const int n = N - n0 < nc ? N - n0 : nc;
+            int e = layout == W4A16_LAYOUT_AWQ
+                        ? w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream)
+                        : w4a16_launch_marlin_dequant_t(B, scales, zeros, slab, K, N, a.gshift, a.marlin_channelwise,
+                                                        n0, n, dtype, stream);
+            if (e == 0)
+                e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
+                                            (char *)C + n0 * elt, M, n, K, N, dtype, stream);
+            if (e != 0) return launch_status(e, op);
         }
+        return W4A16_OK;
     }
     if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper: the wgmma kernels */
         int id = M >= p->wgmma_large_min_m ? 0 : M > 64 ? 1 : 2;

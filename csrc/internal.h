@@ -57,6 +57,9 @@ W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_s
 W4A16_HIDDEN size_t w4a16_workspace_counters_bytes(int sm_count);
 W4A16_HIDDEN size_t w4a16_workspace_bytes_for(int sm_count);
 W4A16_HIDDEN size_t w4a16_workspace_slab_offset(int sm_count); /* then the staged path's weight slab */
+/* Channels per slab of the staged path for a workspace of `workspace_bytes` (csrc/api.c): N when the whole weight
+ * fits, else a multiple of the dense tile's width; 0 when the slab would not give every SM a tile (or not fit). */
+W4A16_HIDDEN int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

@@ -1,4 +1,5 @@
-/* The architecture profiles as data (csrc/device.c, compiled into this test with the kernel launches stubbed): every
+/* The architecture profiles as data (csrc/device.c, compiled into this test with the kernel launches stubbed; and the
+ * staged path's slab width from csrc/api.c): every
  * profile's tiles fit the shared memory its architecture offers per block (the 99 KB of sm_86/89/120/121 is the trap of
  * targets.md: a Hopper tile fails to launch there), every config it names exists, and every fallback chain ends. */
 #include <setjmp.h>
@@ -60,10 +61,31 @@ static void test_profiles_are_well_formed(void **state) {
     }
 }
 
+/* The staged path's slab width (csrc/api.c) for the workspaces test_gpu uses, checked by hand on a 132-SM GPU: the
+ * whole layer when it fits, a multiple of the dense tile otherwise, nothing when a slab would leave SMs without a tile
+ * or the workspace holds no slab. */
+static void test_staged_slab_width(void **state) {
+    (void)state;
+    const int sms = 132;
+    const size_t off = w4a16_workspace_slab_offset(sms), big = off + (size_t)4096 * 4096 * 2;
+    assert_int_equal(off % 256, 0);
+    assert_true(off >= w4a16_workspace_bytes_for(sms));
+    assert_int_equal(w4a16_staged_slab_channels(2100, 4096, 4096, big, sms), 4096);       /* 9 x 32 tiles */
+    assert_int_equal(w4a16_staged_slab_channels(1024, 4096, 4096, big, sms), 0);          /* 4 x 32 < 132 */
+    assert_int_equal(w4a16_staged_slab_channels(4096, 5632, 2048, off + (size_t)2048 * 2048 * 2, sms), 2048);
+    assert_int_equal(w4a16_staged_slab_channels(4096, 5632, 2048, off + (size_t)2100 * 2048 * 2, sms), 2048); /* rounded */
+    assert_int_equal(w4a16_staged_slab_channels(2500, 8192, 1024, off + (size_t)1792 * 1024 * 2, sms), 1792); /* 10 x 14 */
+    assert_int_equal(w4a16_staged_slab_channels(2500, 8192, 1024, off + (size_t)1664 * 1024 * 2, sms), 0);    /* 10 x 13 */
+    assert_int_equal(w4a16_staged_slab_channels(4096, 4096, 4096, off, sms), 0);          /* no room for a slab */
+    assert_int_equal(w4a16_staged_slab_channels(4096, 4096, 4096, 0, sms), 0);            /* no workspace */
+    assert_int_equal(w4a16_staged_slab_channels(4096, 4096, 4096, off + 127 * 4096 * 2, sms), 0); /* < one tile */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_profiles_fit_their_architecture),
         cmocka_unit_test(test_profiles_are_well_formed),
+        cmocka_unit_test(test_staged_slab_width),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
