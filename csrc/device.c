@@ -218,12 +218,11 @@ static void init_state(int device, w4a16_device_state *st) {
     }
     st->profile = p;
     st->status = W4A16_OK;
-    char wg[128] = "";
+    char wg[128] = "", staged[48] = "";
+    if (p->staged_min_m > 0) snprintf(staged, sizeof staged, ", staged GEMMs from M = %d", p->staged_min_m);
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
-                 p->wgmma_large_min_m, p->staged_min_m > 0 ? ", staged GEMMs from M = " : "");
-    if (st->wgmma && p->wgmma_min_m > 0 && p->staged_min_m > 0)
-        snprintf(wg + strlen(wg), sizeof wg - strlen(wg), "%d", p->staged_min_m);
+                 p->wgmma_large_min_m, staged);
     snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
              p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
              prop.name, arch, st->sm_count, st->smem_optin / 1024,

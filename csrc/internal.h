@@ -31,8 +31,8 @@ typedef struct w4a16_profile {
     w4a16_tile_choice mid_wide; /* mid M when `mid`'s tiles alone fill every SM (wide layers) */
     int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel, */
     int wgmma_large_min_m;  /* its 128-token tile (W4A16_WGMMA_CONFIGS 1) below this M, its 256-token tile (0) from it */
-    int staged_min_m;       /* AWQ GEMMs with M >= this (> 0) on a wgmma device run staged when the workspace holds a
-                               slab of dequantised weights (w4a16_workspace_size_staged) */
+    int staged_min_m;       /* GEMMs (both layouts) with M >= this (> 0) on a wgmma device run staged when the
+                               workspace holds a slab of dequantised weights (w4a16_workspace_size_staged) */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
