@@ -133,6 +133,22 @@ template <typename T> __device__ __forceinline__ uint32_t dq_hi(uint32_t x, cons
     }
 }
 
+// AWQ: nibbles j and j + 4 of a word (bits 4j and 4j + 16) hold the adjacent columns 2j and 2j + 1 (ORDER), so one
+// dq_lo dequantises the pair. Its constants: the same two nibbles of the zero word, and the two columns' scales (s2).
+template <typename T> __device__ __forceinline__ GroupConst<T> awq_pair_const(uint32_t z, uint32_t s2, int j) {
+    using D = Dtype<T>;
+    GroupConst<T> g;
+    g.zb = D::from_bits(lop3_and_or<0x000F000Fu, D::MAGIC>(z >> (4 * j)));
+    g.z16 = g.zb; // unused by dq_lo
+    g.s = D::from_bits(s2);
+    return g;
+}
+// The 8 columns of AWQ word w (zero word z, the 8 scales s in column order), as 4 pairs in column order.
+template <typename T> __device__ __forceinline__ uint4 awq_dequant_word(uint32_t w, uint32_t z, uint4 s) {
+    return make_uint4(dq_lo<T>(w, awq_pair_const<T>(z, s.x, 0)), dq_lo<T>(w >> 4, awq_pair_const<T>(z, s.y, 1)),
+                      dq_lo<T>(w >> 8, awq_pair_const<T>(z, s.z, 2)), dq_lo<T>(w >> 12, awq_pair_const<T>(z, s.w, 3)));
+}
+
 // AWQ stores nibble i of a word at column 8c + ORDER[i].
 __host__ __device__ constexpr int awq_order(int i) { return (i % 4) * 2 + i / 4; }   // see marlin_index.h
 __host__ __device__ constexpr int awq_reverse(int j) { return (j % 2) * 4 + j / 2; } // see marlin_index.h

@@ -42,17 +42,9 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
     const int words = N / 8;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)K * words) return;
-    int k = (int)(idx / words), c = (int)(idx % words), g = k / G;
-    uint32_t w = qw[idx], z = qz[(size_t)g * words + c];
-    const T *srow = s + (size_t)g * N + 8 * c;
-    __align__(16) T out[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int col = awq_order(i);
-        float v = (float)((int)((w >> (4 * i)) & 0xF) - (int)((z >> (4 * i)) & 0xF)) * Dtype<T>::to_float(srow[col]);
-        out[col] = Dtype<T>::from_float(v);
-    }
-    *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = *reinterpret_cast<uint4 *>(out);
+    const int k = (int)(idx / words), c = (int)(idx % words), g = k / G;
+    const uint4 sv = *reinterpret_cast<const uint4 *>(s + (size_t)g * N + 8 * c); // 16-byte aligned: N % 64 == 0
+    *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = awq_dequant_word<T>(qw[idx], qz[(size_t)g * words + c], sv);
 }
 
 // The staged path's dequantisers finish alike: a shared tile of 64 channel rows x 64 k (32 words per row, PITCH apart)
@@ -68,35 +60,38 @@ __device__ __forceinline__ void store_wt_tile(const uint32_t *tile, T *Wt, int K
     }
 }
 
-// ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A block
-// dequantises 64 k x 64 channels: each thread two k rows of one packed word column (8 channels), written as k pairs
-// into a shared tile of 64 channel rows (pitch 33 words: the 8 word columns of a warp fall in distinct banks), then
-// stored as 128-byte row segments of Wt. Values as awq_dequant_kernel: (q - z) * s rounded once.
+// ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A warp
+// takes 32 k x 64 channels (8 word columns); lane: word column lane % 8, rows 8 (lane / 8) .. + 7, all in one group
+// (G >= 32 and a multiple of 32). It dequantises its 8 words as awq_dequant_kernel does (column pairs), regroups them by
+// column (prmt: rows 2i, 2i + 1 of a column in one word), and stores 16 bytes per channel: the 4 lanes of a word column
+// fill 64 contiguous bytes of each channel row. No shared memory. K % 32 == 0 (AWQ): every 32-row task is whole.
 template <typename T>
 __global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__restrict__ qw, const T *__restrict__ s,
                                                             const uint32_t *__restrict__ qz, T *__restrict__ Wt, int K,
-                                                            int N, int G, int n0) {
-    __shared__ uint32_t tile[64 * 33];
-    const int t = threadIdx.x, words = N / 8;
-    const int k0 = blockIdx.x * 64, c0 = (n0 + blockIdx.y * 64) / 8; // first word column of the block
-    const int c = t % 8, kp = t / 8, k = k0 + 2 * kp;
-    if (k < K) { // K is a multiple of 32: both rows exist, and are in one group (G >= 32)
-        const int g = k / G;
-        const uint32_t w0 = qw[(size_t)k * words + c0 + c], w1 = qw[(size_t)(k + 1) * words + c0 + c];
-        const uint32_t z = qz[(size_t)g * words + c0 + c];
-        const T *srow = s + (size_t)g * N + 8 * (c0 + c);
+                                                            int N, int G, int n0, int nc) {
+    const int lane = threadIdx.x % 32, kts = K / 32;
+    const long long task = (long long)blockIdx.x * 8 + threadIdx.x / 32; // k tiles of a channel block consecutive
+    if (task >= (long long)kts * (nc / 64)) return;
+    const int cb = (int)(task / kts), k = (int)(task % kts) * 32 + 8 * (lane / 8), words = N / 8;
+    const int c = (n0 + 64 * cb) / 8 + lane % 8, g = k / G; // packed word column (8 channels); group
+    const uint32_t z = qz[(size_t)g * words + c];
+    const uint4 sv = *reinterpret_cast<const uint4 *>(s + (size_t)g * N + 8 * c);
+    uint4 v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int col = awq_order(i), zi = (int)((z >> (4 * i)) & 0xF);
-            const float sc = Dtype<T>::to_float(srow[col]);
-            T lo = Dtype<T>::from_float((float)((int)((w0 >> (4 * i)) & 0xF) - zi) * sc);
-            T hi = Dtype<T>::from_float((float)((int)((w1 >> (4 * i)) & 0xF) - zi) * sc);
-            tile[(8 * c + col) * 33 + kp] =
-                (uint32_t)*reinterpret_cast<const uint16_t *>(&lo) | ((uint32_t)*reinterpret_cast<const uint16_t *>(&hi) << 16);
+    for (int r = 0; r < 8; r++) v[r] = awq_dequant_word<T>(qw[(size_t)(k + r) * words + c], z, sv);
+    T *out = Wt + (size_t)(64 * cb + 8 * (lane % 8)) * K + k;
+#pragma unroll
+    for (int j = 0; j < 4; j++) { // column pair j: columns 2j (low halves) and 2j + 1 (high halves)
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t a = (&v[2 * i].x)[j], b = (&v[2 * i + 1].x)[j];
+            lo[i] = prmt(a, b, 0x5410);
+            hi[i] = prmt(a, b, 0x7632);
         }
+        *reinterpret_cast<uint4 *>(out + (size_t)(2 * j) * K) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *reinterpret_cast<uint4 *>(out + (size_t)(2 * j + 1) * K) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     }
-    __syncthreads();
-    store_wt_tile<33>(tile, Wt, K, k0, t);
 }
 
 // ---- Marlin-layout dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1
@@ -294,15 +289,16 @@ extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scal
 
 extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros,
                                           void *Wt, int K, int N, int G, int n0, int nc, int dtype, void *stream) {
-    dim3 grid((K + 63) / 64, nc / 64);
+    const unsigned blocks = blocks_for((long long)(K / 32) * (nc / 64), 8); // 8 warp tasks per block
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const uint32_t *qw = reinterpret_cast<const uint32_t *>(qweight), *qz = reinterpret_cast<const uint32_t *>(qzeros);
     if (dtype == 0)
-        awq_dequant_t_kernel<__half><<<grid, 256, 0, st>>>(qw, static_cast<const __half *>(scales), qz,
-                                                           static_cast<__half *>(Wt), K, N, G, n0);
+        awq_dequant_t_kernel<__half><<<blocks, 256, 0, st>>>(qw, static_cast<const __half *>(scales), qz,
+                                                             static_cast<__half *>(Wt), K, N, G, n0, nc);
     else
-        awq_dequant_t_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales), qz,
-                                                                  static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0);
+        awq_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales),
+                                                                    qz, static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0,
+                                                                    nc);
     return cudaGetLastError();
 }
 

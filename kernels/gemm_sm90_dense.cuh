@@ -26,49 +26,49 @@ struct DenseArgs {
 };
 
 template <typename T, int TM, int WG> struct DenseShape {
-    static constexpr int THREADS = 128 * WG, BN = 64 * WG, BK = 64;
+    // WG consumer warpgroups (64 channels each) and one producer warp that issues every TMA load
+    static constexpr int THREADS = 128 * WG + 32, BN = 64 * WG, BK = 64;
     static constexpr int A_BYTES = TM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2; // 128-byte rows: multiples of 1024
-    static constexpr int C_PITCH = BN + 8;
-    // + 128 for the mbarriers after the stages, + alignment slack for the 1024-byte swizzle atoms
-    __host__ __device__ static constexpr int smem_bytes(int stages) {
-        return (stages * STAGE_BYTES > TM * C_PITCH * 2 ? stages * STAGE_BYTES : TM * C_PITCH * 2) + 128 + 1024;
-    }
+    // The epilogue stages C through a buffer of its own (the producer is already filling the pipeline for the next
+    // tile): each warpgroup writes its 64 channels for EPI_TOK tokens at a time.
+    static constexpr int EPI_TOK = 64, C_PITCH = 64 + 8, EPI_BYTES = WG * EPI_TOK * C_PITCH * 2;
+    // + 128 for the mbarriers, + alignment slack for the 1024-byte swizzle atoms
+    __host__ __device__ static constexpr int smem_bytes(int stages) { return stages * STAGE_BYTES + EPI_BYTES + 128 + 1024; }
 };
 
+// Persistent: min(tiles, SMs) blocks walk the tiles (stride gridDim.x, in the banded raster order). The producer warp
+// runs ahead across tile boundaries, so a block's next tile is already loading while its warpgroups write C.
 template <typename T, int TM, int WG, int STAGES, int SW = 16>
-__global__ void __launch_bounds__(128 * WG, 1)
+__global__ void __launch_bounds__(128 * WG + 32, 1)
     gemm_sm90_dense_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                            const DenseArgs p) {
     using D = Dtype<T>;
     using Shape = DenseShape<T, TM, WG>;
-    constexpr int THREADS = Shape::THREADS, BN = Shape::BN, STAGE_BYTES = Shape::STAGE_BYTES;
-    constexpr int A_BYTES = Shape::A_BYTES;
-    static_assert(STAGES >= 3, "the slot of batch i - 2 is refilled at step i");
+    constexpr int BN = Shape::BN, STAGE_BYTES = Shape::STAGE_BYTES, A_BYTES = Shape::A_BYTES;
+    constexpr int EPI_TOK = Shape::EPI_TOK, C_PITCH = Shape::C_PITCH;
+    static_assert(STAGES >= 2 && TM % EPI_TOK == 0, "pipeline and epilogue shape");
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem =
         smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-    static_assert(STAGES * STAGE_BYTES >= TM * Shape::C_PITCH * 2, "the barriers follow the stages and the C staging");
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + STAGES * STAGE_BYTES);
+    T *sC_all = reinterpret_cast<T *>(smem + STAGES * STAGE_BYTES);
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + STAGES * STAGE_BYTES + Shape::EPI_BYTES);
     uint64_t *empty = full + STAGES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-    int tm = blockIdx.x, tn = blockIdx.y;
-    // Raster: bands of SW channel tiles, the token tiles of a band in order, so that the blocks resident at a time
-    // share few A rows and few weight rows (L2 reuse); SW = 0 keeps the grid order.
-    if (SW > 0) {
-        const int bid = blockIdx.y * gridDim.x + blockIdx.x, per_band = SW * gridDim.x, band = bid / per_band;
-        const int width = min(SW, (int)gridDim.y - band * SW), idx = bid - band * per_band;
-        tn = band * SW + idx % width;
-        tm = idx / width;
-    }
-    const int m0 = tm * TM, n0 = tn * BN;
+    const int tiles_m = (p.M + TM - 1) / TM, tiles_n = (p.N + BN - 1) / BN, ntiles = tiles_m * tiles_n;
     const int nk = (p.K + 63) / 64;
-    auto load = [&](int kt) {
-        unsigned char *st = smem + (kt % STAGES) * STAGE_BYTES;
-        uint64_t *bar = full + kt % STAGES;
-        mbar_expect_tx(bar, STAGE_BYTES);
-        tma_load_2d(st, &map_a, kt * 64, m0, bar);
-        tma_load_2d(st + A_BYTES, &map_w, kt * 64, n0, bar);
+    // Raster: bands of SW channel tiles, the token tiles of a band in order, so that the blocks resident at a time
+    // share few A rows and few weight rows (L2 reuse); SW = 0 keeps the plain order.
+    auto tile_of = [&](int t, int &tm, int &tn) {
+        if (SW > 0) {
+            const int per_band = SW * tiles_m, band = t / per_band;
+            const int width = min(SW, tiles_n - band * SW), idx = t - band * per_band;
+            tn = band * SW + idx % width;
+            tm = idx / width;
+        } else {
+            tm = t % tiles_m;
+            tn = t / tiles_m;
+        }
     };
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -76,55 +76,84 @@ __global__ void __launch_bounds__(128 * WG, 1)
             mbar_init(empty + s, WG);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        for (int s = 0; s < STAGES && s < nk; s++) load(s);
     }
     __syncthreads();
 
-    float acc[TM / 2];
-    for (int i = 0; i < nk; i++) {
-        const int slot = i % STAGES;
-        mbar_wait(full + slot, (i / STAGES) & 1);
-        const unsigned char *st = smem + slot * STAGE_BYTES;
-        const unsigned char *ws = st + A_BYTES + wg * (64 * 64 * 2);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-            wgmma_m64k16_ss<T, TM>(acc, smem_desc_sw128(ws + ks * 32), smem_desc_sw128(st + ks * 32), i + ks > 0);
-        wgmma_commit();
-        wgmma_wait<1>(); // batch i - 1 done: release its slot
-        if (i > 0 && (tid & 127) == 0) mbar_arrive(empty + (i - 1) % STAGES);
-        const int b = i - 2, kt = b + STAGES; // refill the slot of batch i - 2 with k-tile kt
-        if (tid == 0 && b >= 0 && kt < nk) {
-            mbar_wait(empty + b % STAGES, (b / STAGES) & 1);
-            load(kt);
+    if (wg == WG) { // producer warp: one lane issues every stage; g counts k-tiles over all of this block's tiles
+        if (lane == 0) {
+            int g = 0;
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+                int tm, tn;
+                tile_of(t, tm, tn);
+                for (int kt = 0; kt < nk; kt++, g++) {
+                    const int slot = g % STAGES;
+                    if (g >= STAGES) mbar_wait(empty + slot, (g / STAGES - 1) & 1);
+                    unsigned char *st = smem + slot * STAGE_BYTES;
+                    mbar_expect_tx(full + slot, STAGE_BYTES);
+                    tma_load_2d(st, &map_a, kt * 64, tm * TM, full + slot);
+                    tma_load_2d(st + A_BYTES, &map_w, kt * 64, tn * BN, full + slot);
+                }
+            }
         }
+        return;
     }
-    wgmma_wait<0>();
-    fence_operands(acc);
-    __syncthreads(); // every load was consumed and every batch is done: stage C in the pipeline buffers
 
-    T *sC = reinterpret_cast<T *>(smem);
     const T *bias = static_cast<const T *>(p.bias);
-    const int q = lane & 3, r = lane >> 2;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int ch = 64 * wg + 16 * (warp & 3) + r + 8 * h;
-        const float bv = bias && n0 + ch < p.N ? D::to_float(bias[n0 + ch]) : 0.f;
-#pragma unroll
-        for (int c = 0; c < TM / 8; c++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                sC[(8 * c + 2 * q + e) * Shape::C_PITCH + ch] = D::from_float(acc[4 * c + 2 * h + e] + bv);
-    }
-    __syncthreads();
     T *C = static_cast<T *>(p.C);
-    constexpr int CPR = BN / 8;
-#pragma unroll 4
-    for (int c = tid; c < TM * CPR; c += THREADS) {
-        const int row = c / CPR, col = (c % CPR) * 8;
-        if (m0 + row < p.M && n0 + col < p.N)
-            *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * p.ldc + n0 + col) =
-                *reinterpret_cast<const uint4 *>(sC + row * Shape::C_PITCH + col);
+    T *sC = sC_all + wg * EPI_TOK * C_PITCH;
+    const int wtid = tid & 127, q = lane & 3, r = lane >> 2;
+    float acc[TM / 2];
+    int g = 0;
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        int tm, tn;
+        tile_of(t, tm, tn);
+        const int m0 = tm * TM, n0 = tn * BN + 64 * wg; // this warpgroup's 64 channels
+        for (int i = 0; i < nk; i++, g++) {
+            const int slot = g % STAGES;
+            mbar_wait(full + slot, (g / STAGES) & 1);
+            const unsigned char *st = smem + slot * STAGE_BYTES;
+            const unsigned char *ws = st + A_BYTES + wg * (64 * 64 * 2);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                wgmma_m64k16_ss<T, TM>(acc, smem_desc_sw128(ws + ks * 32), smem_desc_sw128(st + ks * 32), i + ks > 0);
+            wgmma_commit();
+            wgmma_wait<1>(); // the previous batch is done: release its slot
+            if (i > 0 && wtid == 0) mbar_arrive(empty + (g - 1) % STAGES);
+        }
+        wgmma_wait<0>();
+        fence_operands(acc);
+        if (wtid == 0) mbar_arrive(empty + (g - 1) % STAGES);
+
+        // Epilogue: EPI_TOK tokens at a time through this warpgroup's buffer (named barrier 1 + wg, 128 threads)
+        float bv[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int ch = n0 + 16 * (warp & 3) + r + 8 * h;
+            bv[h] = bias && ch < p.N ? D::to_float(bias[ch]) : 0.f;
+        }
+#pragma unroll
+        for (int pass = 0; pass < TM / EPI_TOK; pass++) {
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the previous pass's reads are done
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int ch = 16 * (warp & 3) + r + 8 * h;
+#pragma unroll
+                for (int c = 0; c < EPI_TOK / 8; c++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        sC[(8 * c + 2 * q + e) * C_PITCH + ch] =
+                            D::from_float(acc[4 * (c + pass * EPI_TOK / 8) + 2 * h + e] + bv[h]);
+            }
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+#pragma unroll
+            for (int c = wtid; c < EPI_TOK * 8; c += 128) {
+                const int row = c >> 3, col = (c & 7) * 8, m = m0 + pass * EPI_TOK + row;
+                if (m < p.M && n0 + col < p.N)
+                    *reinterpret_cast<uint4 *>(C + (size_t)m * p.ldc + n0 + col) =
+                        *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
+            }
+        }
     }
 }
 
@@ -155,9 +184,14 @@ template <typename T, int TM, int WG, int STAGES>
 cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, cudaStream_t stream) {
     using Shape = DenseShape<T, TM, WG>;
     const int smem_bytes = Shape::smem_bytes(STAGES);
-    dim3 grid((a.M + TM - 1) / TM, (a.N + Shape::BN - 1) / Shape::BN);
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    const int tiles = ((a.M + TM - 1) / TM) * ((a.N + Shape::BN - 1) / Shape::BN);
+    const int grid = tiles < sms ? tiles : sms;
     CUtensorMap ma, mw;
-    cudaError_t e = make_tensor_map<T>(&ma, a.A, a.M, a.K, TM);
+    e = make_tensor_map<T>(&ma, a.A, a.M, a.K, TM);
     if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, Shape::BN);
     if (e != cudaSuccess) return e;
     auto kern = gemm_sm90_dense_kernel<T, TM, WG, STAGES>;
