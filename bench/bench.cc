@@ -111,11 +111,11 @@ void free_all() {
 }
 
 // *_staged: the path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged), so
-// that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 2048.
+// that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 1024.
 enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3, MARLIN_STAGED = 4 };
 const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged", "marlin_staged"};
 #ifndef W4A16_BENCH_STAGED_MIN_M
-#define W4A16_BENCH_STAGED_MIN_M 2048
+#define W4A16_BENCH_STAGED_MIN_M 1024
 #endif
 constexpr int STAGED_MIN_M = W4A16_BENCH_STAGED_MIN_M;
 

@@ -37,7 +37,7 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
  * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
 #ifndef W4A16_SM90_STAGED_MIN_M /* experiments: -DW4A16_SM90_STAGED_MIN_M=... */
-#define W4A16_SM90_STAGED_MIN_M 2048
+#define W4A16_SM90_STAGED_MIN_M 1024
 #endif
 static const w4a16_profile profiles[] = {
     {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},

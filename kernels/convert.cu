@@ -47,19 +47,6 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
     *reinterpret_cast<uint4 *>(W + (size_t)k * N + 8 * c) = awq_dequant_word<T>(qw[idx], qz[(size_t)g * words + c], sv);
 }
 
-// The staged path's dequantisers finish alike: a shared tile of 64 channel rows x 64 k (32 words per row, PITCH apart)
-// goes to rows blockIdx.y * 64 .. + 63 of Wt [*, K] at k0, as 128-byte row segments (k past K skipped: the AWQ tail).
-template <int PITCH, typename T>
-__device__ __forceinline__ void store_wt_tile(const uint32_t *tile, T *Wt, int K, int k0, int t) {
-    uint32_t *out = reinterpret_cast<uint32_t *>(Wt);
-    const size_t row0 = (size_t)blockIdx.y * 64;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int idx = t + 256 * j, n = idx / 32, w = idx % 32;
-        if (k0 + 2 * w < K) out[(row0 + n) * (K / 2) + k0 / 2 + w] = tile[n * PITCH + w];
-    }
-}
-
 // ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A warp
 // takes 32 k x 64 channels (8 word columns); lane: word column lane % 8, rows 8 (lane / 8) .. + 7, all in one group
 // (G >= 32 and a multiple of 32). It dequantises its 8 words as awq_dequant_kernel does (column pairs), regroups them by
@@ -95,48 +82,61 @@ __global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__re
 }
 
 // ---- Marlin-layout dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1
-// (n0 a multiple of 64). A block takes 4 rows of 16 k (64 k) of one 64-column chunk: 512 Marlin words, two per
-// thread. The index map of the format (w4a16_marlin_source) puts a word's 8 nibbles in 2 columns (blocks) x 4 k rows
-// of one 16-row tile, so one group: a word needs 2 scales and 2 zero points, staged in shared memory per block as
-// floats (GPTQ without zero points: uint4b8, zero 8). Values go as 16-bit entries into a shared tile of 64 channel
-// rows (pitch 36 words: the 8 columns x 4 k-pairs a warp writes fall in 32 distinct banks), then out as 128-byte row
-// segments of Wt. Each value is (q - z) * s rounded once, as the fused kernel computes it. K % 128 == 0: no tail.
+// (n0 a multiple of 64). The format (w4a16_marlin_source) puts word u = 16 l + 4 q + j of a 16-row tile's 64-column
+// chunk (128 words) in columns 16 j + l and 16 j + l + 8, rows 2q, 2q + 1 (nibbles 0, 4 and 2, 6) and 2q + 8, 2q + 9
+// (nibbles 1, 5 and 3, 7): each nibble pair at bits 4i, 4i + 16 is a k pair of one column, which dq_lo dequantises as
+// the fused kernel does. So a thread reads the 16 consecutive words of one l (64 bytes) and owns 8 whole columns
+// (l, l + 8, ..., l + 56) x 16 k of the tile: per column 8 k pairs, 32 bytes, stored as two 16-byte chunks after a
+// shuffle (below). A warp task is 4 tiles (64 k, lane / 8) x one 64-column chunk, all in one group (G >= 32).
+// K % 128 == 0 (Marlin): every task is whole.
 template <typename T>
 __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *__restrict__ mw, const T *__restrict__ s,
                                                                const uint32_t *__restrict__ mz, T *__restrict__ Wt,
-                                                               int K, int N, int gshift, int channelwise, int n0) {
-    constexpr int PITCH = 36; // words per channel row of the tile
-    __shared__ uint32_t tile[64 * PITCH];
-    __shared__ float sc[2][64], zs[2][64]; // the block's (at most two, G >= 32) groups x 64 columns: scale, zero * scale
-    uint16_t *tile16 = reinterpret_cast<uint16_t *>(tile);
-    const int t = threadIdx.x, k0 = blockIdx.x * 64, chunk = (n0 / 64) + blockIdx.y, g0 = k0 >> gshift;
-    const int g_last = (K - 1) >> gshift;
-    if (t < 128) {
-        const int gl = t / 64, n = 64 * chunk + t % 64, g = min(g0 + gl, g_last), p = w4a16_marlin_scale_pos(n, 0);
-        const float v = Dtype<T>::to_float(s[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)]);
-        const int z = mz ? (int)((mz[(size_t)g * (N / 8) + p / 8] >> (4 * w4a16_awq_reverse(p % 8))) & 0xF) : 8;
-        sc[gl][t % 64] = v;
-        zs[gl][t % 64] = (float)z * v;
+                                                               int K, int N, int gshift, int channelwise, int n0, int nc) {
+    const int lane = threadIdx.x % 32, l = lane % 8, kts = K / 64;
+    const long long task = (long long)blockIdx.x * 8 + threadIdx.x / 32; // k of one chunk consecutive
+    if (task >= (long long)kts * (nc / 64)) return;
+    const int cr = (int)(task / kts), kt = (int)(task % kts) * 4 + lane / 8, chunk = n0 / 64 + cr, g = (16 * kt) >> gshift;
+    const uint4 *src = reinterpret_cast<const uint4 *>(mw + (size_t)kt * (2 * N) + 128 * chunk + 16 * l);
+    uint32_t wd[16]; // word 4 q + j
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint4 v = src[i];
+        wd[4 * i] = v.x; wd[4 * i + 1] = v.y; wd[4 * i + 2] = v.z; wd[4 * i + 3] = v.w;
     }
-    __syncthreads();
+    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(s);
+    const int t = lane / 8, src_a = l + 8 * (t / 2); // this lane's tile of the task; the lane holding chunk t
+    T *out = Wt + (size_t)(64 * cr) * K + 16 * (kt - t); // the task's first k
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        // word u = 4 lane + j of row kt (w4a16_marlin_source): a warp takes one j and 32 lanes
-        const int idx = t + 256 * r, kt = k0 / 16 + idx / 128, j = (idx % 128) / 32, lane = idx % 32;
-        const uint32_t word = mw[(size_t)kt * (2 * N) + 128 * chunk + 4 * lane + j];
-        const int q = lane % 4, kb = 16 * kt + 2 * q - k0, cb = 16 * j + lane / 4, gl = ((16 * kt) >> gshift) - g0;
-        const float s0 = sc[gl][cb], z0 = zs[gl][cb], s1 = sc[gl][cb + 8], z1 = zs[gl][cb + 8];
+    for (int j = 0; j < 4; j++)
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int e = w4a16_awq_order(i), blk = e / 4, ri = e % 4; // as w4a16_marlin_source
-            const int kl = kb + (ri & 1) + 8 * (ri >> 1), c = cb + 8 * blk;
-            const float qv = (float)((word >> (4 * i)) & 0xF);
-            const T v = Dtype<T>::from_float(blk ? qv * s1 - z1 : qv * s0 - z0);
-            tile16[c * (2 * PITCH) + kl] = *reinterpret_cast<const uint16_t *>(&v);
+        for (int h = 0; h < 2; h++) { // column 16 j + l + 8 h: nibble pairs 2h (rows 2q, 2q + 1), 2h + 1 (+ 8)
+            const int col = 16 * j + l + 8 * h, n = 64 * chunk + col, p = w4a16_marlin_scale_pos(n, 0);
+            const uint32_t z = mz ? (mz[(size_t)g * (N / 8) + p / 8] >> (4 * w4a16_awq_reverse(p % 8))) & 0xF : 8;
+            const GroupConst<T> gc =
+                make_group_const_bits<T>(s16[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)], z);
+            uint32_t pr[8];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                pr[q] = dq_lo<T>(wd[4 * q + j] >> (8 * h), gc);
+                pr[4 + q] = dq_lo<T>(wd[4 * q + j] >> (8 * h + 4), gc);
+            }
+            // The warp's 4 tiles of this column are 8 chunks of 8 k (16 bytes); lane t holds chunks 2t, 2t + 1. One
+            // store instruction of the 4 lanes should fill 64 contiguous bytes: lane t stores chunks t and 4 + t,
+            // which lanes t / 2 and 2 + t / 2 hold (as their chunk t % 2). Half the write requests of storing its own.
+            uint32_t ca[4], cb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t a0 = __shfl_sync(0xffffffffu, pr[i], src_a), a1 = __shfl_sync(0xffffffffu, pr[4 + i], src_a);
+                const uint32_t b0 = __shfl_sync(0xffffffffu, pr[i], src_a + 16),
+                               b1 = __shfl_sync(0xffffffffu, pr[4 + i], src_a + 16);
+                ca[i] = t & 1 ? a1 : a0;
+                cb[i] = t & 1 ? b1 : b0;
+            }
+            uint4 *dst = reinterpret_cast<uint4 *>(out + (size_t)col * K);
+            dst[t] = make_uint4(ca[0], ca[1], ca[2], ca[3]);
+            dst[4 + t] = make_uint4(cb[0], cb[1], cb[2], cb[3]);
         }
-    }
-    __syncthreads();
-    store_wt_tile<PITCH>(tile, Wt, K, k0, t);
 }
 
 // ---- Marlin weight: one thread per output word; index maps in marlin_index.h.
@@ -305,16 +305,17 @@ extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *sc
 extern "C" int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *scales, const int32_t *zeros, void *Wt,
                                              int K, int N, int gshift, int channelwise, int n0, int nc, int dtype,
                                              void *stream) {
-    dim3 grid(K / 64, nc / 64);
+    const unsigned blocks = blocks_for((long long)(K / 64) * (nc / 64), 8); // 8 warp tasks per block
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const uint32_t *w = reinterpret_cast<const uint32_t *>(weight), *z = reinterpret_cast<const uint32_t *>(zeros);
     if (dtype == 0)
-        marlin_dequant_t_kernel<__half><<<grid, 256, 0, st>>>(w, static_cast<const __half *>(scales), z,
-                                                              static_cast<__half *>(Wt), K, N, gshift, channelwise, n0);
+        marlin_dequant_t_kernel<__half><<<blocks, 256, 0, st>>>(w, static_cast<const __half *>(scales), z,
+                                                                static_cast<__half *>(Wt), K, N, gshift, channelwise,
+                                                                n0, nc);
     else
-        marlin_dequant_t_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(w, static_cast<const __nv_bfloat16 *>(scales), z,
-                                                                     static_cast<__nv_bfloat16 *>(Wt), K, N, gshift,
-                                                                     channelwise, n0);
+        marlin_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(w, static_cast<const __nv_bfloat16 *>(scales),
+                                                                       z, static_cast<__nv_bfloat16 *>(Wt), K, N,
+                                                                       gshift, channelwise, n0, nc);
     return cudaGetLastError();
 }
 

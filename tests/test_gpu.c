@@ -217,7 +217,9 @@ static void test_staged(void **state) {
 }
 
 /* The staged path against the fused kernel on the same tensors, without cuBLAS (so the race, init and sync checkers
- * of `make sanitize` see only w4a16 kernels): two slabs, M not a multiple of the tile, bf16 with bias. */
+ * of `make sanitize` see only w4a16 kernels): M not a multiple of the tile, bf16 with bias, two workspaces: slabs of
+ * 2048 channels, and the whole layer in one slab. The whole-layer AWQ call is also captured in a CUDA graph and
+ * replayed. */
 static void test_selfref_staged_vs_fused(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -227,40 +229,62 @@ static void test_selfref_staged_vs_fused(void **state) {
     gpu_layer_make(&L, K, N, 64, dt, 0, 1, &seed);
     size_t full;
     W4_CHECK(w4a16_workspace_size_staged(N, K, &full));
-    const size_t ws_bytes = full - (size_t)N * K * 2 + (size_t)2048 * K * 2; /* slabs of 2048 channels */
-    void *ws = gpu_alloc(ws_bytes);
-    GPU_CHECK(cudaMemset(ws, 0, ws_bytes));
+    void *ws = gpu_alloc(full);
+    GPU_CHECK(cudaMemset(ws, 0, full));
     uint16_t *hA = malloc((size_t)2 * M * K), *hb = malloc((size_t)2 * N), *c1 = malloc((size_t)2 * M * N),
              *c2 = malloc((size_t)2 * M * N);
     fill_random_half(hA, (size_t)M * K, -1.f, 1.f, dt, &seed);
     fill_random_half(hb, N, -1.f, 1.f, dt, &seed);
     void *A = gpu_upload(hA, (size_t)2 * M * K), *bias = gpu_upload(hb, (size_t)2 * N);
     void *C1 = gpu_alloc((size_t)2 * M * N), *C2 = gpu_alloc((size_t)2 * M * N);
-    for (int path = 0; path < 2; path++) {
-        GPU_CHECK(cudaMemset(C1, 0xFF, (size_t)2 * M * N));
-        GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
-        if (path == PATH_AWQ) {
-            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
-            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, workspace,
-                                    workspace_bytes, NULL));
-        } else {
-            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
-            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C2, M, N, K, 64, dt, workspace,
-                                       workspace_bytes, NULL));
+    for (int whole = 0; whole < 2; whole++)
+        for (int path = 0; path < 2; path++) {
+            const size_t ws_bytes = whole ? full : full - (size_t)N * K * 2 + (size_t)2048 * K * 2;
+            GPU_CHECK(cudaMemset(C1, 0xFF, (size_t)2 * M * N));
+            GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
+            if (path == PATH_AWQ) {
+                W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
+                W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, workspace,
+                                        workspace_bytes, NULL));
+            } else {
+                W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes,
+                                           NULL));
+                W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C2, M, N, K, 64, dt, workspace,
+                                           workspace_bytes, NULL));
+            }
+            GPU_CHECK(cudaMemcpy(c1, C1, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+            GPU_CHECK(cudaMemcpy(c2, C2, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (size_t i = 0; i < (size_t)M * N; i++) {
+                double a = w4a16_ref_to_float(c1[i], dt), b = w4a16_ref_to_float(c2[i], dt);
+                if (isnan(a) || isnan(b)) fail_msg("%s staged vs fused: output %zu not written", path_name[path], i);
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            printf("  %s %s (%s) vs fused on the same tensors (M=%d K=%d N=%d bf16 +bias): relative difference %.2e\n",
+                   path_name[path], staged_device ? "staged" : "staged workspace (fused here)",
+                   whole ? "whole-layer workspace" : "2048-channel slabs", M, K, N, sqrt(num / den));
+            assert_true(sqrt(num / den) < tolerance(dt) / 2);
+            if (whole && path == PATH_AWQ) { /* the dequantiser and the dense GEMM captured in a graph: the same bits */
+                cudaStream_t s;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
+                GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+                W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, ws, ws_bytes, s));
+                GPU_CHECK(cudaStreamEndCapture(s, &graph));
+                GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                for (int it = 0; it < 3; it++) GPU_CHECK(cudaGraphLaunch(exec, s));
+                GPU_CHECK(cudaStreamSynchronize(s));
+                GPU_CHECK(cudaMemcpy(c2, C2, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
+                assert_memory_equal(c1, c2, (size_t)2 * M * N);
+                printf("  awq staged, whole-layer workspace: 3 graph replays bit-identical to the direct call\n");
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+                cudaStreamDestroy(s);
+            }
         }
-        GPU_CHECK(cudaMemcpy(c1, C1, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-        GPU_CHECK(cudaMemcpy(c2, C2, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < (size_t)M * N; i++) {
-            double a = w4a16_ref_to_float(c1[i], dt), b = w4a16_ref_to_float(c2[i], dt);
-            if (isnan(a) || isnan(b)) fail_msg("%s staged vs fused: output %zu not written", path_name[path], i);
-            num += (a - b) * (a - b);
-            den += b * b;
-        }
-        printf("  %s %s vs fused on the same tensors (M=%d K=%d N=%d bf16 +bias): relative difference %.2e\n",
-               path_name[path], staged_device ? "staged" : "staged workspace (fused here)", M, K, N, sqrt(num / den));
-        assert_true(sqrt(num / den) < tolerance(dt) / 2);
-    }
     cudaFree(A); cudaFree(bias); cudaFree(C1); cudaFree(C2); cudaFree(ws);
     free(hA); free(hb); free(c1); free(c2);
     gpu_layer_free(&L);
