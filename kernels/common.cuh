@@ -72,6 +72,7 @@ template <> struct Dtype<__half> {
     }
     __device__ static __forceinline__ T2 from_bits(uint32_t x) { return *reinterpret_cast<T2 *>(&x); }
     __device__ static __forceinline__ T2 pair(float v) { return __float2half2_rn(v); }
+    __device__ static __forceinline__ T2 pair2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
     __device__ static __forceinline__ float to_float(__half v) { return __half2float(v); }
     __device__ static __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
@@ -89,6 +90,7 @@ template <> struct Dtype<__nv_bfloat16> {
     }
     __device__ static __forceinline__ T2 from_bits(uint32_t x) { return *reinterpret_cast<T2 *>(&x); }
     __device__ static __forceinline__ T2 pair(float v) { return __float2bfloat162_rn(v); }
+    __device__ static __forceinline__ T2 pair2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
     __device__ static __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
     __device__ static __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };

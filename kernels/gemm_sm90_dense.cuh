@@ -30,8 +30,9 @@ template <typename T, int TM, int WG> struct DenseShape {
     static constexpr int THREADS = 128 * WG + 32, BN = 64 * WG, BK = 64;
     static constexpr int A_BYTES = TM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2; // 128-byte rows: multiples of 1024
     // The epilogue stages C through a buffer of its own (the producer is already filling the pipeline for the next
-    // tile): each warpgroup writes its 64 channels for EPI_TOK tokens at a time.
-    static constexpr int EPI_TOK = 64, C_PITCH = 64 + 8, EPI_BYTES = WG * EPI_TOK * C_PITCH * 2;
+    // tile) and stores it by TMA: per warpgroup a box of EPI_TOK tokens x its 64 channels (128-byte rows, 128-byte
+    // swizzle), two passes for 256 tokens.
+    static constexpr int EPI_TOK = 128, EPI_BYTES = WG * EPI_TOK * 64 * 2;
     // + 128 for the mbarriers, + alignment slack for the 1024-byte swizzle atoms
     __host__ __device__ static constexpr int smem_bytes(int stages) { return stages * STAGE_BYTES + EPI_BYTES + 128 + 1024; }
 };
@@ -41,17 +42,17 @@ template <typename T, int TM, int WG> struct DenseShape {
 template <typename T, int TM, int WG, int STAGES, int SW = 16>
 __global__ void __launch_bounds__(128 * WG + 32, 1)
     gemm_sm90_dense_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
-                           const DenseArgs p) {
+                           const __grid_constant__ CUtensorMap map_c, const DenseArgs p) {
     using D = Dtype<T>;
     using Shape = DenseShape<T, TM, WG>;
     constexpr int BN = Shape::BN, STAGE_BYTES = Shape::STAGE_BYTES, A_BYTES = Shape::A_BYTES;
-    constexpr int EPI_TOK = Shape::EPI_TOK, C_PITCH = Shape::C_PITCH;
-    static_assert(STAGES >= 2 && TM % EPI_TOK == 0, "pipeline and epilogue shape");
+    constexpr int EPI_TOK = Shape::EPI_TOK;
+    static_assert(STAGES >= 2 && TM % EPI_TOK == 0 && STAGE_BYTES % 1024 == 0, "pipeline and epilogue shape");
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem =
         smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-    T *sC_all = reinterpret_cast<T *>(smem + STAGES * STAGE_BYTES);
+    unsigned char *sC_all = smem + STAGES * STAGE_BYTES; // 1024-byte aligned: the swizzle pattern of the TMA store
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + STAGES * STAGE_BYTES + Shape::EPI_BYTES);
     uint64_t *empty = full + STAGES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -99,9 +100,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
     }
 
     const T *bias = static_cast<const T *>(p.bias);
-    T *C = static_cast<T *>(p.C);
-    T *sC = sC_all + wg * EPI_TOK * C_PITCH;
-    const int wtid = tid & 127, q = lane & 3, r = lane >> 2;
+    unsigned char *sC = sC_all + wg * (EPI_TOK * 128);
+    const int wtid = tid & 127;
     float acc[TM / 2];
     int g = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
@@ -125,45 +125,61 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         fence_operands(acc);
         if (wtid == 0) mbar_arrive(empty + (g - 1) % STAGES);
 
-        // Epilogue: EPI_TOK tokens at a time through this warpgroup's buffer (named barrier 1 + wg, 128 threads)
+        // Epilogue, EPI_TOK tokens at a time: stmatrix.trans turns the accumulator fragments (channel rows, token
+        // columns) into token rows of 8 channels (16 bytes) in the swizzled box; one thread then stores the box by
+        // TMA (clipped at M and N) and, before the buffer is written again, waits until the store has read it.
+        // Thread t addresses row t % 8 of matrix t / 8 of each x4: matrices (h, c), (h + 1, c), (h, c + 1), (h + 1, c + 1).
         float bv[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int ch = n0 + 16 * (warp & 3) + r + 8 * h;
+            const int ch = n0 + 16 * (warp & 3) + (lane >> 2) + 8 * h;
             bv[h] = bias && ch < p.N ? D::to_float(bias[ch]) : 0.f;
         }
+        const int mj = lane >> 3, mi = lane & 7; // matrix, row of it that this lane addresses
+        const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sC)) + mi * 128 +
+                                  (((2 * (warp & 3) + (mj & 1)) ^ mi) << 4) + (mj >> 1) * (8 * 128);
 #pragma unroll
         for (int pass = 0; pass < TM / EPI_TOK; pass++) {
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the previous pass's reads are done
+            if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the buffer is free
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int ch = 16 * (warp & 3) + r + 8 * h;
+            for (int cc = 0; cc < EPI_TOK / 16; cc++) { // token columns 16 cc .. 16 cc + 15 of this pass
+                const int c = pass * (EPI_TOK / 8) + 2 * cc;
+                uint32_t r[4];
 #pragma unroll
-                for (int c = 0; c < EPI_TOK / 8; c++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        sC[(8 * c + 2 * q + e) * C_PITCH + ch] =
-                            D::from_float(acc[4 * (c + pass * EPI_TOK / 8) + 2 * h + e] + bv[h]);
+                for (int j = 0; j < 4; j++) {
+                    const int ci = c + (j >> 1), h = j & 1;
+                    r[j] = as_u32(D::pair2(acc[4 * ci + 2 * h] + bv[h], acc[4 * ci + 2 * h + 1] + bv[h]));
+                }
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                 row_addr + cc * (16 * 128)),
+                             "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                             : "memory");
             }
+            fence_proxy_async_smem(); // the generic-proxy writes, before the TMA engine reads them
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-#pragma unroll
-            for (int c = wtid; c < EPI_TOK * 8; c += 128) {
-                const int row = c >> 3, col = (c & 7) * 8, m = m0 + pass * EPI_TOK + row;
-                if (m < p.M && n0 + col < p.N)
-                    *reinterpret_cast<uint4 *>(C + (size_t)m * p.ldc + n0 + col) =
-                        *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
+            if (wtid == 0) {
+                asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                                 reinterpret_cast<uint64_t>(&map_c)),
+                             "r"(n0), "r"(m0 + pass * EPI_TOK),
+                             "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sC)))
+                             : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
         }
     }
+    // The last stores must have read the buffer before the block exits (their writes complete with the grid).
+    if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
 typedef CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                          const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
                                          CUtensorMapFloatOOBfill);
-// A 2-D tensor map over rows x K (K contiguous) read in boxes of `box_rows` x 64 with the 128-byte swizzle.
+// A 2-D tensor map over rows x K (K contiguous, rows `ld` elements apart) in boxes of `box_rows` x 64 with the
+// 128-byte swizzle: the operands (ld = K) and C (K = the slab's channels, ld = ldc).
 template <typename T>
-inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows, int K, int box_rows) {
+inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows, int K, int ld, int box_rows) {
     static TensorMapEncodeTiled encode = nullptr; // the driver's; one lookup per process (idempotent if racy)
     if (!encode) {
         void *fn = nullptr;
@@ -172,7 +188,7 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows,
         if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) return e != cudaSuccess ? e : cudaErrorNotSupported;
         encode = reinterpret_cast<TensorMapEncodeTiled>(fn);
     }
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K * 2};
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
     const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem[2] = {1, 1};
     CUresult r = encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                         2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -190,14 +206,15 @@ cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     const int tiles = ((a.M + TM - 1) / TM) * ((a.N + Shape::BN - 1) / Shape::BN);
     const int grid = tiles < sms ? tiles : sms;
-    CUtensorMap ma, mw;
-    e = make_tensor_map<T>(&ma, a.A, a.M, a.K, TM);
-    if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, Shape::BN);
+    CUtensorMap ma, mw, mc;
+    e = make_tensor_map<T>(&ma, a.A, a.M, a.K, a.K, TM);
+    if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, a.K, Shape::BN);
+    if (e == cudaSuccess) e = make_tensor_map<T>(&mc, a.C, a.M, a.N, a.ldc, Shape::EPI_TOK);
     if (e != cudaSuccess) return e;
     auto kern = gemm_sm90_dense_kernel<T, TM, WG, STAGES>;
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
-    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(ma, mw, a);
+    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(ma, mw, mc, a);
     return cudaGetLastError();
 }
 
