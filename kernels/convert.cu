@@ -121,9 +121,10 @@ __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *_
                 pr[q] = dq_lo<T>(wd[4 * q + j] >> (8 * h), gc);
                 pr[4 + q] = dq_lo<T>(wd[4 * q + j] >> (8 * h + 4), gc);
             }
-            // The warp's 4 tiles of this column are 8 chunks of 8 k (16 bytes); lane t holds chunks 2t, 2t + 1. One
-            // store instruction of the 4 lanes should fill 64 contiguous bytes: lane t stores chunks t and 4 + t,
-            // which lanes t / 2 and 2 + t / 2 hold (as their chunk t % 2). Half the write requests of storing its own.
+            // The task's 4 tiles of this column are 8 chunks of 8 k (16 bytes); the lane of tile t (same l) holds
+            // chunks 2t, 2t + 1. So that one store instruction of those 4 lanes fills 64 contiguous bytes, it stores
+            // chunks t and 4 + t, which the lanes of tiles t / 2 and 2 + t / 2 hold (as their chunk t % 2): half the
+            // write requests of storing its own two.
             uint32_t ca[4], cb[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {

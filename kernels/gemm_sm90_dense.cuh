@@ -7,9 +7,12 @@
 // by TMA (one thread issues a stage: an A box and a Wt box through tensor maps, zero-filled past M, N and K, written
 // in the 128-byte swizzle that wgmma reads by descriptor); no thread touches an operand on its way to the tensor cores.
 // mbarriers pace the pipeline instead of a block-wide barrier: `full[s]` completes when slot s has landed, `empty[s]`
-// when both warpgroups finished the batch that read it; thread 0 refills the slot of batch i - 2 at step i, released
-// one step earlier, so it rarely waits. One wgmma batch (4 k16 steps) runs while the next is issued (wait_group 1).
-// docs/PERFORMANCE.md v14: a cp.async version of this kernel ran 7-15% slower at M = 4096.
+// when both warpgroups finished the batch that read it. A producer warp (one lane) issues every stage, running ahead
+// across tiles: the kernel is persistent (min(tiles, SMs) blocks). One wgmma batch (4 k16 steps) runs while the next
+// is issued (wait_group 1). C leaves through shared memory by TMA store (stmatrix.trans into a swizzled box), so the
+// next tile is already loading while a warpgroup writes its results.
+// docs/PERFORMANCE.md v14: a cp.async version of this kernel ran 7-15% slower at M = 4096; v16: the producer warp,
+// persistence and the TMA-store epilogue.
 //
 // Preconditions (host): M >= 1, N a multiple of 64, K a multiple of 8 (16-byte rows), 16-byte aligned A, Wt, C and
 // ldc a multiple of 8.
@@ -128,7 +131,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
         // Epilogue, EPI_TOK tokens at a time: stmatrix.trans turns the accumulator fragments (channel rows, token
         // columns) into token rows of 8 channels (16 bytes) in the swizzled box; one thread then stores the box by
         // TMA (clipped at M and N) and, before the buffer is written again, waits until the store has read it.
-        // Thread t addresses row t % 8 of matrix t / 8 of each x4: matrices (h, c), (h + 1, c), (h, c + 1), (h + 1, c + 1).
+        // Lane t gives the address of row t % 8 of matrix t / 8 of each x4; the matrices are (rows r, token group c),
+        // (rows r + 8, c), (r, c + 1), (r + 8, c + 1): h = j & 1, c + (j >> 1) below.
         float bv[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
