@@ -5,17 +5,19 @@
 // time, TFLOP/s, GB/s, the floor and the ratio to it, and the ratio to cuBLAS fp16; a summary table per layer x M
 // and a JSON file close the run (bench/plot draws the PNG).
 //
-//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--group=128] [--m=1,16,64] [--layers=substr]
+//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--settle=0|1] [--group=128] [--m=1,16,64] [--layers=substr]
 //               [--json=build/bench_results.json] [Google Benchmark flags, e.g. --benchmark_filter=marlin]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../tests/cases.h"
@@ -24,7 +26,7 @@
 namespace {
 
 struct Options {
-    bool full = false, bf16 = true, sm120 = true;
+    bool full = false, bf16 = true, sm120 = true, settle = true;
     int group = 128;
     std::vector<int> ms;
     std::string layers, json = "build/bench_results.json";
@@ -153,7 +155,15 @@ void launch(Path p, LayerData *d, int M, int copy) {
 // Per-launch time in microseconds: two passes of `samples` batches of `reps` launches each, timed with events; each
 // pass gives its median, and the lower of the two is reported. (On the lent GPUs an occasional case ran 1.8-2.6x slow
 // in every sample of one pass while its neighbours did not: a pass disturbed as a whole.)
+// Sustained tensor-core load lowers the H100's clocks within a second (cuBLAS on llama3-8b.o at M = 4096 took 183,
+// 188, 207, 214 us in four back-to-back calls of this function), so a case timed right after a heavy one would run
+// on a hotter GPU than the case before it. With --settle=1 (the default) each case first idles for as long as the
+// previous one kept the GPU busy (at most 1 s), so every path starts from the same state (the run takes about twice
+// as long).
 double time_us(Path p, LayerData *d, int M) {
+    static double last_busy_s = 0;
+    if (opt.settle) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(last_busy_s, 1.0)));
+    const auto start = std::chrono::steady_clock::now();
     cudaEvent_t e0, e1;
     GPU_CHECK(cudaEventCreate(&e0));
     GPU_CHECK(cudaEventCreate(&e1));
@@ -166,6 +176,9 @@ double time_us(Path p, LayerData *d, int M) {
     float ms = 0;
     GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     double est_us = ms * 1000.0 / 3;
+    // about 10 ms more of warm-up, untimed: after an idle the clocks take a few milliseconds to come back up
+    const int warm = (int)std::clamp(10000.0 / std::max(est_us, 1.0), 3.0, 5000.0);
+    for (int i = 0; i < warm; i++) launch(p, d, M, copy++);
     int reps = (int)std::clamp(2000.0 / std::max(est_us, 1.0), 5.0, 200.0); // about 2 ms a sample
     const int samples = 9;
     double best = 0;
@@ -185,6 +198,7 @@ double time_us(Path p, LayerData *d, int M) {
     GPU_CHECK(cudaGetLastError());
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+    last_busy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return best;
 }
 
@@ -359,6 +373,7 @@ bool parse_flag(const char *arg) {
     if (strcmp(arg, "--full") == 0) opt.full = true;
     else if ((v = val("--bf16"))) opt.bf16 = atoi(v) != 0;
     else if ((v = val("--sm120"))) opt.sm120 = atoi(v) != 0;
+    else if ((v = val("--settle"))) opt.settle = atoi(v) != 0;
     else if ((v = val("--group"))) opt.group = atoi(v);
     else if ((v = val("--layers"))) opt.layers = v;
     else if ((v = val("--json"))) opt.json = v;
