@@ -176,6 +176,7 @@ static void test_staged(void **state) {
         {2048, 5632, 4096, 2048, 0}, /* slabs of 2048, 2048, 1536 channels */
         {1024, 8192, 2500, 1792, 0}, /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
         {3072, 2048, 4096, 0, 1},    /* GPTQ (Marlin path, uint4b8) */
+        {1024, 4160, 1100, 0, 0},    /* N % 128 = 64: the last tile's second warpgroup stores nothing (TMA clips) */
     };
     const int gs[] = {32, 128, -1};
     stats st = {0};
