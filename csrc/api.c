@@ -77,7 +77,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
                                                         n0, n, dtype, stream);
             if (e == 0)
                 e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
-                                            (char *)C + n0 * elt, M, n, K, N, dtype, stream);
+                                            (char *)C + n0 * elt, M, n, K, N, dtype, st->sm_count, stream);
             if (e != 0) return launch_status(e, op);
         }
         return W4A16_OK;

@@ -27,8 +27,8 @@ W4A16_DECL_(0, 1)
 W4A16_DECL_(1, 0)
 W4A16_DECL_(1, 1)
 #undef W4A16_DECL_
-cudaError_t launch_dense_sm90_0_0(const DenseArgs &, cudaStream_t);
-cudaError_t launch_dense_sm90_1_0(const DenseArgs &, cudaStream_t);
+cudaError_t launch_dense_sm90_0_0(const DenseArgs &, int, cudaStream_t);
+cudaError_t launch_dense_sm90_1_0(const DenseArgs &, int, cudaStream_t);
 cudaError_t probe_dense_sm90_0_0(cudaFuncAttributes *);
 cudaError_t probe_dense_sm90_1_0(cudaFuncAttributes *);
 int dense_smem_bytes_0_0();
@@ -321,15 +321,16 @@ extern "C" int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *
 }
 
 extern "C" int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K,
-                                       int ldc, int dtype, void *stream) {
+                                       int ldc, int dtype, int sm_count, void *stream) {
 #ifdef W4A16_HAVE_WGMMA
     DenseArgs d;
     d.A = A; d.W = Wt; d.bias = bias; d.C = C;
     d.M = M; d.N = nc; d.K = K; d.ldc = ldc;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return dtype == 0 ? launch_dense_sm90_0_0(d, s) : launch_dense_sm90_1_0(d, s);
+    return dtype == 0 ? launch_dense_sm90_0_0(d, sm_count, s) : launch_dense_sm90_1_0(d, sm_count, s);
 #else
-    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)stream;
+    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)sm_count;
+    (void)stream;
     return cudaErrorInvalidDeviceFunction;
 #endif
 }

@@ -37,8 +37,8 @@ cudaError_t W4A16_NAME_(probe_gemm_sm90_)(int id, cudaFuncAttributes *attr) {
 
 #if W4A16_INST_LAYOUT == 0 // the dense GEMM of the staged path has no weight layout: built once per dtype
 #define W4A16_DENSE_INST_ gemm_sm90_dense_kernel<W4A16_T_, W4A16_DENSE_TM, W4A16_DENSE_WG, W4A16_DENSE_STAGES>
-cudaError_t W4A16_NAME_(launch_dense_sm90_)(const DenseArgs &a, cudaStream_t s) {
-    return launch_gemm_sm90_dense<W4A16_T_, W4A16_DENSE_TM, W4A16_DENSE_WG, W4A16_DENSE_STAGES>(a, s);
+cudaError_t W4A16_NAME_(launch_dense_sm90_)(const DenseArgs &a, int sm_count, cudaStream_t s) {
+    return launch_gemm_sm90_dense<W4A16_T_, W4A16_DENSE_TM, W4A16_DENSE_WG, W4A16_DENSE_STAGES>(a, sm_count, s);
 }
 cudaError_t W4A16_NAME_(probe_dense_sm90_)(cudaFuncAttributes *attr) { return cudaFuncGetAttributes(attr, W4A16_DENSE_INST_); }
 int W4A16_NAME_(dense_smem_bytes_)() { return DenseShape<W4A16_T_, W4A16_DENSE_TM, W4A16_DENSE_WG>::smem_bytes(W4A16_DENSE_STAGES); }

@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
                                   (((2 * (warp & 3) + (mj & 1)) ^ mi) << 4) + (mj >> 1) * (8 * 128);
 #pragma unroll
         for (int pass = 0; pass < TM / EPI_TOK; pass++) {
-            if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the buffer is free
+            if (wtid == 0) bulk_wait_read<0>();
+            named_barrier_sync<128>(1 + wg); // the buffer is free
 #pragma unroll
             for (int cc = 0; cc < EPI_TOK / 16; cc++) { // token columns 16 cc .. 16 cc + 15 of this pass
                 const int c = pass * (EPI_TOK / 8) + 2 * cc;
@@ -155,25 +155,15 @@ __global__ void __launch_bounds__(128 * WG + 32, 1)
                     const int ci = c + (j >> 1), h = j & 1;
                     r[j] = as_u32(D::pair2(acc[4 * ci + 2 * h] + bv[h], acc[4 * ci + 2 * h + 1] + bv[h]));
                 }
-                asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                                 row_addr + cc * (16 * 128)),
-                             "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                             : "memory");
+                stmatrix_x4_trans(row_addr + cc * (16 * 128), r);
             }
             fence_proxy_async_smem(); // the generic-proxy writes, before the TMA engine reads them
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-            if (wtid == 0) {
-                asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                                 reinterpret_cast<uint64_t>(&map_c)),
-                             "r"(n0), "r"(m0 + pass * EPI_TOK),
-                             "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sC)))
-                             : "memory");
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            }
+            named_barrier_sync<128>(1 + wg);
+            if (wtid == 0) tma_store_2d(&map_c, n0, m0 + pass * EPI_TOK, sC);
         }
     }
     // The last stores must have read the buffer before the block exits (their writes complete with the grid).
-    if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    if (wtid == 0) bulk_wait_read<0>();
 }
 
 typedef CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -200,18 +190,15 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows,
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// Persistent grid: one block per SM (sm_count, the device's, from the caller), fewer when there are fewer tiles.
 template <typename T, int TM, int WG, int STAGES>
-cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, cudaStream_t stream) {
+cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, int sm_count, cudaStream_t stream) {
     using Shape = DenseShape<T, TM, WG>;
     const int smem_bytes = Shape::smem_bytes(STAGES);
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
     const int tiles = ((a.M + TM - 1) / TM) * ((a.N + Shape::BN - 1) / Shape::BN);
-    const int grid = tiles < sms ? tiles : sms;
+    const int grid = tiles < sm_count ? tiles : sm_count;
     CUtensorMap ma, mw, mc;
-    e = make_tensor_map<T>(&ma, a.A, a.M, a.K, a.K, TM);
+    cudaError_t e = make_tensor_map<T>(&ma, a.A, a.M, a.K, a.K, TM);
     if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, a.K, Shape::BN);
     if (e == cudaSuccess) e = make_tensor_map<T>(&mc, a.C, a.M, a.N, a.ldc, Shape::EPI_TOK);
     if (e != cudaSuccess) return e;

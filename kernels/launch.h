@@ -36,13 +36,14 @@ int w4a16_probe_gemm_wgmma(void);
 int w4a16_gemm_wgmma_smem_bytes(void);
 
 /* The staged large-M path (sm_90a only): Wt[nc, K] (dtype) = dequant(AWQ or Marlin tensors) of channels n0 .. n0 + nc - 1
- * (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]). */
+ * (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]) on a
+ * persistent grid of at most sm_count blocks. */
 int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *Wt, int K,
                                int N, int G, int n0, int nc, int dtype, void *stream);
 int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *scales, const int32_t *zeros, void *Wt, int K,
                                   int N, int gshift, int channelwise, int n0, int nc, int dtype, void *stream);
 int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K, int ldc,
-                            int dtype, void *stream);
+                            int dtype, int sm_count, void *stream);
 
 int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
                              int K, int N, int G, int dtype, void *stream);

@@ -151,6 +151,30 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
                  "r"(parity)
                  : "memory");
 }
+// ---- the dense GEMM's epilogue: a warpgroup's own barrier, fragments to shared memory, and TMA stores.
+// Named barrier `id` (1..15; 0 is __syncthreads) over THREADS threads, so one warpgroup waits while the others run on.
+template <int THREADS> __device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+// Four 8 x 8 b16 matrices from mma fragments (r[j]: this lane's pair of matrix j) to shared memory, transposed; lane t
+// gives the address of row t % 8 of matrix t / 8.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+// Stores the shared-memory box at `src` to coordinates (c0, c1) of the tensor map, as a bulk group of this thread.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int c0, int c1, const void *src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src)))
+                 : "memory");
+}
+// Waits until at most N of this thread's bulk groups still read shared memory (their global writes may still run).
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(reinterpret_cast<uint64_t>(map)),

@@ -20,8 +20,8 @@ int w4a16_launch_marlin_dequant_t(const int32_t *w, const void *s, const int32_t
     abort();
 }
 int w4a16_launch_dense_gemm(const void *A, const void *W, const void *b, void *C, int M, int nc, int K, int ldc, int dt,
-                            void *st) {
-    (void)A; (void)W; (void)b; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dt; (void)st; abort();
+                            int sms, void *st) {
+    (void)A; (void)W; (void)b; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dt; (void)sms; (void)st; abort();
 }
 int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *st) { (void)in; (void)out; (void)K; (void)N; (void)st; abort(); }
 int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *p, int32_t *out, int K, int N, void *st) {
