@@ -107,12 +107,13 @@ template <typename T> struct GroupConst {
 
 // Built from bit patterns: BASE + z and BASE/16 + z are exact small numbers, so no float conversion is needed.
 //   fp16: 1024 + z = 0x6400 + z; -(64 + z) = 0xD400 + 16 z.   bf16: 128 + z = 0x4300 + z (z16 unused).
-template <typename T> __device__ __forceinline__ GroupConst<T> make_group_const_bits(uint16_t scale, uint32_t zero) {
+// `scale2` holds the scale in both half-words.
+template <typename T> __device__ __forceinline__ GroupConst<T> make_group_const_bits(uint32_t scale2, uint32_t zero) {
     using D = Dtype<T>;
     GroupConst<T> g;
     g.zb = D::from_bits(D::MAGIC + zero * 0x00010001u);          // one IMAD
     g.z16 = D::from_bits(0xD400D400u + zero * 0x00100010u);      // one IMAD
-    g.s = D::from_bits(prmt((uint32_t)scale, 0u, 0x1010u));      // scale in both halves
+    g.s = D::from_bits(scale2);
     return g;
 }
 

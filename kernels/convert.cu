@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *_
             const int col = 16 * j + l + 8 * h, n = 64 * chunk + col, p = w4a16_marlin_scale_pos(n, 0);
             const uint32_t z = mz ? (mz[(size_t)g * (N / 8) + p / 8] >> (4 * w4a16_awq_reverse(p % 8))) & 0xF : 8;
             const GroupConst<T> gc =
-                make_group_const_bits<T>(s16[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)], z);
+                make_group_const_bits<T>(prmt(s16[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)], 0u, 0x1010u), z);
             uint32_t pr[8];
 #pragma unroll
             for (int q = 0; q < 4; q++) {

@@ -186,28 +186,44 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         if (s < nk) load_stage(kt_begin + s, s);
         cp_async_commit();
     }
+    // Stage buffers advance by pointer (no run-time modulo of the profile's stage count).
+    const unsigned char *const smem_end = smem + stages * STAGE_BYTES;
+    const unsigned char *st = smem;                        // stage i
+    unsigned char *pf_st = smem + (stages - 1) * STAGE_BYTES; // stage i + stages - 1
     int cur_group = -1;
     for (int i = 0; i < nk; i++) {
         cp_async_wait_dyn(stages - 2);
         __syncthreads();
-        {
-            int pf = i + stages - 1;
-            if (pf < nk) load_stage(kt_begin + pf, pf % stages);
-            cp_async_commit();
-        }
-        const unsigned char *st = smem + (i % stages) * STAGE_BYTES;
+        if (i + stages - 1 < nk) copy.issue(p, pf_st, kt_begin + i + stages - 1, n0, tid);
+        cp_async_commit();
+        pf_st = pf_st + STAGE_BYTES == smem_end ? smem : pf_st + STAGE_BYTES;
         const int k0 = (kt_begin + i) * BK;
+        const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
         load_frags(st, 0, 0);
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
-            const int g = (k0 + (wk * KS + ks) * 16) >> gshift;
-            if (g != cur_group) { // a warp's contiguous K range meets a new group: rebuild its constants
+        if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: its constants at most once per stage
+            const int g = kw >> gshift;
+            if (g != cur_group) {
                 cur_group = g;
                 load_group(st, min(g, g_last) - (k0 >> gshift));
             }
-            compute(st, ks, ks & 1);
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                compute(st, ks, ks & 1);
+            }
+        } else { // small groups: a new group may start at any k16 step
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                const int g = (kw + ks * 16) >> gshift;
+                if (g != cur_group) {
+                    cur_group = g;
+                    load_group(st, min(g, g_last) - (k0 >> gshift));
+                }
+                compute(st, ks, ks & 1);
+            }
         }
+        st = st + STAGE_BYTES == smem_end ? smem : st + STAGE_BYTES;
     }
     cp_async_wait_all();
 

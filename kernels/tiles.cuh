@@ -117,29 +117,39 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
     static constexpr int CHUNKS = ROWS * CPR, PER = (CHUNKS + THREADS - 1) / THREADS;
     static_assert(SLOTS * (BN / 8) <= THREADS, "one thread per scale chunk");
 
-    // ---- producer: a per-thread copy plan fixed for the whole K loop
-    const uint32_t *src[PER];
-    int k[PER];
-    uint32_t dst[PER];
-    size_t stride;
+    // ---- producer: a per-thread copy plan fixed for the whole K loop. When every thread copies the same number of
+    // chunks, all in one 16-byte column and RSTEP smem rows apart (every tile this library compiles), the plan is one
+    // source pointer, one shared-memory offset and one flag for the column: a stage inside K costs an address add per
+    // chunk and no bounds check. The general plan keeps a pointer, k and offset per chunk.
+    static constexpr int KROW = LAYOUT == W4A16_LAYOUT_AWQ ? 1 : 16; // k rows per smem row
+    static constexpr int ROW_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? SB_AWQ * 4 : 2 * BN * 4;
+    static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CPR == 0;
+    static constexpr int RSTEP = UNIFORM ? THREADS / CPR : 1;
+    static constexpr int NP = UNIFORM ? 1 : PER;
+    const uint32_t *src[NP];
+    int k[NP]; // uniform: k of the thread's first chunk (< 0: its column lies past N); else per chunk, < 0 when unused
+    uint32_t dst[NP];
+    size_t stride;  // words between stages
+    size_t cstride; // uniform: words between a thread's chunks
 
     __device__ __forceinline__ void plan(const uint32_t *B, int N, int n0, int k_begin, int tid) {
-        stride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
+        const size_t rowstride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)(N / 8) : (size_t)(2 * N);
+        stride = (size_t)(BK / KROW) * rowstride;
+        cstride = (size_t)RSTEP * rowstride;
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
+        for (int i = 0; i < NP; i++) {
             int c = tid + i * THREADS, row = c / CPR, ch = c % CPR;
             bool on = c < CHUNKS;
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
                 on = on && n0 + ch * 32 < N;
-                k[i] = on ? k_begin + row : -1;
                 src[i] = B + (on ? (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
                 dst[i] = (row * SB_AWQ + ch * 4) * 4;
             } else {
                 on = on && 2 * n0 + ch * 4 < 2 * N;
-                k[i] = on ? k_begin + row * 16 : -1;
                 src[i] = B + (on ? (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
                 dst[i] = (row * (2 * BN) + ch * 4) * 4;
             }
+            k[i] = on ? k_begin + row * KROW : -1;
         }
     }
     // Copies the stage starting at k0 (a multiple of BK) into `st`: weights, then the scale / zero-point rows of
@@ -147,7 +157,26 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
     __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, const T *S, const uint32_t *Z,
                                           int N, int K, int n0, int k0, int gshift, int g_last, int slots_used,
                                           int tid) {
-        issue_plan<BK>(st, src, k, dst, stride, K, B);
+        if constexpr (UNIFORM) {
+            if (k[0] >= 0) { // the thread's column lies inside N
+                unsigned char *d = st + dst[0];
+                const uint32_t *s = src[0];
+                if (k0 + BK <= K) { // the whole stage lies inside K
+#pragma unroll
+                    for (int i = 0; i < PER; i++) cp_async16(d + i * RSTEP * ROW_BYTES, s + i * cstride, true);
+                } else { // K tail: rows past K are zero-filled
+#pragma unroll
+                    for (int i = 0; i < PER; i++) {
+                        const bool ok = k[0] + i * RSTEP * KROW < K;
+                        cp_async16(d + i * RSTEP * ROW_BYTES, ok ? s + i * cstride : B, ok);
+                    }
+                }
+                src[0] += stride;
+                k[0] += BK;
+            }
+        } else {
+            issue_plan<BK>(st, src, k, dst, stride, K, B);
+        }
         const int g0 = k0 >> gshift;
         T *sS = reinterpret_cast<T *>(st + B_BYTES);
         uint32_t *sZ = reinterpret_cast<uint32_t *>(st + B_BYTES + S_BYTES);
@@ -173,20 +202,20 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         const int r = lane >> 2, j0 = wh * NB;
         const T *sS = reinterpret_cast<const T *>(st + B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
-        uint16_t s[8];
+        uint32_t s[8]; // scale of block m in both half-words
         if (LAYOUT == W4A16_LAYOUT_MARLIN && marlin_channelwise) {
             // scale_perm_single: within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
             const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)];
+            for (int m = 0; m < 8; m++) s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
         } else {
             // AWQ: block j <-> column 8r + ORDER[j]; Marlin grouped: position 8r + m holds column r + 8m.
             uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w}; // half-words by shifts: no local-memory copy of v
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w}; // no local-memory copy of v: constant indices only
 #pragma unroll
             for (int m = 0; m < 8; m++) {
                 const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
-                s[m] = (uint16_t)(w[c / 2] >> (16 * (c % 2)));
+                s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u); // one byte permute per scale pair
             }
         }
         uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
@@ -194,7 +223,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         for (int jj = 0; jj < NB; jj++) {
             const int m = j0 + jj;
             uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
-            uint16_t sv = s[jj]; // selected with constant indices: a run-time index would put s in local memory
+            uint32_t sv = s[jj]; // selected with constant indices: a run-time index would put s in local memory
 #pragma unroll
             for (int w = 1; w < NH; w++)
                 if (wh == w) sv = s[w * NB + jj];
