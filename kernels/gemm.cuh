@@ -64,13 +64,12 @@ template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
         g_last = (p.K - 1) >> gshift;
         slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // stages start at multiples of BK: groups aligned
         at.plan(static_cast<const T *>(p.A), p.M, p.K, m0, k_begin, tid);
-        wt.plan(p.B, p.N, n0, k_begin, tid);
+        wt.plan(p.B, static_cast<const T *>(p.scales), p.zeros, p.N, n0, k_begin, slots_used, tid);
     }
     // Copies k-tile kt into the stage buffer `st`.
     __device__ __forceinline__ void issue(const GemmArgs &p, unsigned char *st, int kt, int n0, int tid) {
         at.issue(st, static_cast<const T *>(p.A), p.K);
-        wt.issue(st + ATile::BYTES, p.B, static_cast<const T *>(p.scales), p.zeros, p.N, p.K, n0, kt * BK, gshift,
-                 g_last, slots_used, tid);
+        wt.issue(st + ATile::BYTES, p.B, p.N, p.K, kt * BK, gshift, g_last);
     }
 };
 

@@ -132,7 +132,28 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
     size_t stride;  // words between stages
     size_t cstride; // uniform: words between a thread's chunks
 
-    __device__ __forceinline__ void plan(const uint32_t *B, int N, int n0, int k_begin, int tid) {
+    // Scale / zero-point rows: thread tid < slots_used * BN / 8 copies one 16-byte chunk of scales (slot s_sl), and
+    // tid < slots_used * BN / 32 one of zero points (slot z_sl); src points at the chunk's column in group 0, and is
+    // null when the thread copies nothing (or the column lies past N: those columns are never stored).
+    const T *s_src;
+    const uint32_t *z_src;
+    int s_sl, z_sl;
+    uint32_t s_dst, z_dst; // smem offsets in slot 0
+
+    __device__ __forceinline__ void plan(const uint32_t *B, const T *S, const uint32_t *Z, int N, int n0, int k_begin,
+                                         int slots_used, int tid) {
+        {
+            const int ch = tid % (BN / 8), col = n0 + ch * 8;
+            s_sl = tid / (BN / 8);
+            s_src = tid < slots_used * (BN / 8) && col < N ? S + col : nullptr;
+            s_dst = B_BYTES + (s_sl * BN + ch * 8) * (int)sizeof(T);
+        }
+        {
+            const int ch = tid % (BN / 32), col = n0 + ch * 32;
+            z_sl = tid / (BN / 32);
+            z_src = Z && tid < slots_used * (BN / 32) && col < N ? Z + col / 8 : nullptr;
+            z_dst = B_BYTES + S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
+        }
         const size_t rowstride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)(N / 8) : (size_t)(2 * N);
         stride = (size_t)(BK / KROW) * rowstride;
         cstride = (size_t)RSTEP * rowstride;
@@ -153,10 +174,9 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         }
     }
     // Copies the stage starting at k0 (a multiple of BK) into `st`: weights, then the scale / zero-point rows of
-    // the groups it touches (slots_used of them; clamped to the last group).
-    __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, const T *S, const uint32_t *Z,
-                                          int N, int K, int n0, int k0, int gshift, int g_last, int slots_used,
-                                          int tid) {
+    // the groups it touches (clamped to the last group).
+    __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, int N, int K, int k0, int gshift,
+                                          int g_last) {
         if constexpr (UNIFORM) {
             if (k[0] >= 0) { // the thread's column lies inside N
                 unsigned char *d = st + dst[0];
@@ -178,18 +198,8 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
             issue_plan<BK>(st, src, k, dst, stride, K, B);
         }
         const int g0 = k0 >> gshift;
-        T *sS = reinterpret_cast<T *>(st + B_BYTES);
-        uint32_t *sZ = reinterpret_cast<uint32_t *>(st + B_BYTES + S_BYTES);
-        if (tid < slots_used * (BN / 8)) {
-            int sl = tid / (BN / 8), ch = tid % (BN / 8), col = n0 + ch * 8, g = min(g0 + sl, g_last);
-            bool ok = col < N;
-            cp_async16(sS + sl * BN + ch * 8, ok ? S + (size_t)g * N + col : S, ok);
-        }
-        if (Z && tid < slots_used * (BN / 32)) {
-            int sl = tid / (BN / 32), ch = tid % (BN / 32), col = n0 + ch * 32, g = min(g0 + sl, g_last);
-            bool ok = col < N;
-            cp_async16(sZ + sl * (BN / 8) + ch * 4, ok ? Z + (size_t)g * (N / 8) + col / 8 : Z, ok);
-        }
+        if (s_src) cp_async16(st + s_dst, s_src + (size_t)min(g0 + s_sl, g_last) * N, true);
+        if (z_src) cp_async16(st + z_dst, z_src + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
     }
 
     // ---- consumer: one warp's view (64-column group wn, half wh)
