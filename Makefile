@@ -52,7 +52,7 @@ WGMMA_OBJ := $(if $(WGMMA),$(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o \
             $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o)) $(WGMMA_OBJ)
 REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
-KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h kernels/tiles.cuh kernels/gemm_sm90.cuh kernels/wgmma.cuh kernels/gemm_sm90_dense.cuh kernels/instance.h
+KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h kernels/tiles.cuh kernels/gemm_sm90.cuh kernels/wgmma.cuh kernels/gemm_sm90_dense.cuh kernels/gemm_decode.cuh kernels/instance.h
 
 # rpath $ORIGIN: tests and the benchmark find libw4a16 and the cmocka / benchmark copies next to them,
 # so the build folder can travel to a GPU machine that lacks those packages.

@@ -1,0 +1,338 @@
+// The decode GEMM (tiles of 16 tokens: configs with MT = WM = NH = 1), with the operands of mma.sync swapped and the
+// group scales and zero points applied to fp32 accumulators instead of to every weight.
+//
+// Swapped operands: D[16 channels x 8 tokens] += W[16 channels x k16] * A^T[k16 x 8 tokens]. The dequantised weights
+// are the m16n8k16 A operand: for a pair of n8 blocks (rows g and g + 8 of the MMA) they are the same four registers
+// the other kernels use as two B fragments (tiles.cuh), and the activations are the B operand, read by the same
+// ldmatrix as an A fragment (its matrices 0/2 are tokens 0-7, 1/3 tokens 8-15). An MMA then carries 16 channels of
+// weights instead of 8: half the HMMAs for M <= 8, and half the accumulator registers.
+//
+// Deferred scales: a weight register is only the magic-number value (one LOP3 per k pair, no subtract, no multiply):
+// fp16 low nibble BASE + q, fp16 high nibble (in place) BASE + 16 q, bf16 BASE + q for both (shifted). So for a run
+// of k inside one group, with SA = sum of the activations and C1 = the MMA of the constant BASE row,
+//     sum_k A (q - z) s  =  s' * (P - C1 - z' * SA)
+// where P is the MMA of the raw values, s' = s / u and z' = z u for a row whose values carry u q (u = 16 for the
+// in-place high nibble). The Marlin layout mixes both nibbles in one row (k rows 0-7 low, 8-15 high): there the
+// activations of k rows 8-15 are divided by 16 first (exact in fp16 down to 2^-10, below which the product loses
+// less than 2^-21 absolute), which makes every row u = 1 and C1 = BASE (SA_lo + SA_hi / 16). C1 and SA come from one
+// more MMA per k16 step whose A operand is constant (rows g: BASE; rows g + 8: 1 for k 0-7 and 1 or 16 for k 8-15).
+// Every lane gets them for its own tokens (MMA columns 2t, 2t + 1). The raw sums stay exact within fp32's range for a
+// group (|BASE * SA| is ~1000x a typical output); they are folded into the output accumulators, with the group's
+// constants, whenever the group changes and at least every 128 k, so rounding does not build up over long groups.
+#pragma once
+#include "gemm.cuh"
+
+namespace w4a16 {
+
+// Two 8x8 b16 matrices: the m16n8k16 B fragment (k 0-7, k 8-15) of 8 tokens.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void *smem) {
+    uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+
+template <typename T> struct DecodeDq {
+    using D = Dtype<T>;
+    __device__ static __forceinline__ uint32_t lo(uint32_t x) { return lop3_and_or<0x000F000Fu, D::MAGIC>(x); }
+    __device__ static __forceinline__ uint32_t hi(uint32_t x) {
+        if constexpr (D::HI_IN_PLACE) return lop3_and_or<0x00F000F0u, D::MAGIC>(x);
+        else return lop3_and_or<0x000F000Fu, D::MAGIC>(x >> 4);
+    }
+    static constexpr int HI_MUL = D::HI_IN_PLACE ? 16 : 1; // what an in-place high nibble carries
+};
+
+// TB: token blocks of 8 (1 for M <= 8, else 2).
+template <typename T, int LAYOUT, int WN, int WK, int KS, int MINB, int TB>
+__global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const GemmArgs p) {
+    using D = Dtype<T>;
+    using Dq = DecodeDq<T>;
+    constexpr int THREADS = 32 * WN * WK, BM = 16, BN = 64 * WN, BK = 16 * WK * KS;
+    using ATile = ActTile<T, BM, BK, THREADS>;
+    using WTile = WeightTile<T, LAYOUT, BN, BK, 1, THREADS>;
+    constexpr int A_BYTES = ATile::BYTES, STAGE_BYTES = A_BYTES + WTile::BYTES;
+    // Marlin fp16: k rows 8-15 of a register are high nibbles (16 q): their activations are divided by 16.
+    constexpr bool PRESCALE = LAYOUT == W4A16_LAYOUT_MARLIN && D::HI_IN_PLACE;
+    constexpr int FLUSH_SHIFT = 7; // fold the raw sums at least every 128 k
+
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wn = warp % WN, wk = warp / WN;
+    const int t = lane & 3, g = lane >> 2;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int M = p.M, N = p.N, K = p.K;
+    const int splits = gridDim.z, split = blockIdx.z;
+    int kt_begin;
+    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
+    const int stages = p.stages;
+
+    StageCopy<T, ATile, WTile, BK> copy;
+    copy.plan(p, m0, n0, kt_begin * BK, tid);
+    const int gshift = copy.gshift, g_last = copy.g_last;
+    const int fshift = gshift < FLUSH_SHIFT ? gshift : FLUSH_SHIFT;
+    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
+
+    // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); cidx 2i + row indexes their constants.
+    //   Marlin: blocks 2i, 2i + 1 (columns 16 i + g, 16 i + 8 + g); AWQ: blocks i, i + 4 (columns 8 g + 2i, 8 g + 2i + 1).
+    float acc[4][TB][4], raw[4][TB][4], cor[TB][4]; // cor: C1 (tokens 2t, 2t + 1), SA (tokens 2t, 2t + 1)
+    float cs[8], cz[8];                             // s' and z' of the lane's 8 channels
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int b = 0; b < TB; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][b][e] = raw[i][b][e] = 0.f;
+#pragma unroll
+    for (int b = 0; b < TB; b++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) cor[b][e] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; c++) cs[c] = cz[c] = 0.f;
+
+    // The constant A operand of the C1 / SA MMA.
+    uint32_t konst[4];
+    konst[0] = konst[2] = as_u32(D::pair(D::BASE));
+    konst[1] = as_u32(D::pair(1.0f));
+    konst[3] = as_u32(D::pair(PRESCALE ? 16.0f : 1.0f));
+
+    auto fold = [&]() { // raw sums -> output accumulators with the current group's constants
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int b = 0; b < TB; b++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = 2 * i + (e >> 1);
+                    float x = raw[i][b][e] - cor[b][e & 1];
+                    x = fmaf(-cz[c], cor[b][2 + (e & 1)], x);
+                    acc[i][b][e] = fmaf(cs[c], x, acc[i][b][e]);
+                    raw[i][b][e] = 0.f;
+                }
+#pragma unroll
+        for (int b = 0; b < TB; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) cor[b][e] = 0.f;
+    };
+    auto load_group = [&](const unsigned char *st, int sl) { // constants of group slot sl of stage st
+        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + WTile::B_BYTES) + sl * BN + wn * 64;
+        const uint32_t *sZ =
+            reinterpret_cast<const uint32_t *>(st + A_BYTES + WTile::B_BYTES + WTile::S_BYTES) + sl * (BN / 8) + wn * 8;
+        // Scale of constant c: Marlin block c (grouped: half-word c of positions 8g..8g+7); AWQ column 8g + c.
+        uint32_t sw[4];
+        if (LAYOUT == W4A16_LAYOUT_MARLIN && p.marlin_channelwise) {
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int m = 2 * c; // blocks m, m + 1 (scale_perm_single, as in WeightTile::group)
+                const uint32_t a = s16[32 * (m / 4) + 8 * (g / 2) + 2 * (m % 4) + (g % 2)];
+                const uint32_t b = s16[32 * ((m + 1) / 4) + 8 * (g / 2) + 2 * ((m + 1) % 4) + (g % 2)];
+                sw[c] = a | (b << 16);
+            }
+        } else {
+            const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * g);
+            sw[0] = v.x; sw[1] = v.y; sw[2] = v.z; sw[3] = v.w;
+        }
+        const uint32_t zw = p.zeros ? sZ[g] : 0x88888888u;
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const int i = c / 2, row = c % 2;
+            // zero nibble: Marlin block c at awq_reverse(c); AWQ block i (+4 for row B) at its own index
+            const int nib = LAYOUT == W4A16_LAYOUT_AWQ ? i + 4 * row : awq_reverse(c);
+            const int u = LAYOUT == W4A16_LAYOUT_AWQ && (i & 1) ? Dq::HI_MUL : 1;
+            const auto s2 = D::from_bits(sw[c / 2]);
+            cs[c] = D::to_float(c % 2 ? s2.y : s2.x) * (1.0f / u);
+            cz[c] = (float)(((zw >> (4 * nib)) & 0xF) * u);
+        }
+    };
+
+    // ---- fragments, double-buffered across k16 steps
+    uint32_t fa[2][2 * TB];
+    auto load_frags = [&](const unsigned char *st, int ks, int buf) {
+        const T *sA = reinterpret_cast<const T *>(st);
+        const int kk = wk * KS + ks;
+        if constexpr (TB == 2) {
+            const int row = lane & 15, ch = kk * 2 + (lane >> 4);
+            ldmatrix_x4(fa[buf], sA + row * BK + ((ch ^ (row & 7)) * 8));
+        } else {
+            const int row = lane & 7, ch = kk * 2 + ((lane >> 3) & 1);
+            ldmatrix_x2(fa[buf], sA + row * BK + ((ch ^ (row & 7)) * 8));
+        }
+        copy.wt.fetch(st + A_BYTES, kk, wn, 0, lane, buf);
+    };
+    auto compute = [&](int buf) {
+        uint32_t bt[TB][2]; // activations of token block b: k 0-7, k 8-15
+#pragma unroll
+        for (int b = 0; b < TB; b++) {
+            bt[b][0] = fa[buf][TB == 2 ? b : 0];
+            bt[b][1] = fa[buf][TB == 2 ? 2 + b : 1];
+            if constexpr (PRESCALE) bt[b][1] = as_u32(__hmul2(D::from_bits(bt[b][1]), D::pair(1.0f / 16.0f)));
+        }
+        const uint32_t *fb = copy.wt.fb[buf];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t a[4];
+            if constexpr (LAYOUT == W4A16_LAYOUT_MARLIN) {
+                const uint32_t w = fb[i];
+                a[0] = Dq::lo(w); a[1] = Dq::lo(w >> 8); a[2] = Dq::hi(w); a[3] = Dq::hi(w >> 8);
+            } else {
+                // nibbles 0-3 of the row words are blocks 0-3, nibbles 4-7 blocks 4-7; block i is nibble i % 2 of byte i / 2
+                const uint32_t lo01 = prmt(fb[0], fb[1], 0x5410), hi01 = prmt(fb[0], fb[1], 0x7632);
+                const uint32_t lo89 = prmt(fb[2], fb[3], 0x5410), hi89 = prmt(fb[2], fb[3], 0x7632);
+                const int sh = 8 * (i / 2);
+                if (i % 2 == 0) {
+                    a[0] = Dq::lo(lo01 >> sh); a[1] = Dq::lo(hi01 >> sh); a[2] = Dq::lo(lo89 >> sh); a[3] = Dq::lo(hi89 >> sh);
+                } else {
+                    a[0] = Dq::hi(lo01 >> sh); a[1] = Dq::hi(hi01 >> sh); a[2] = Dq::hi(lo89 >> sh); a[3] = Dq::hi(hi89 >> sh);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < TB; b++) D::mma(raw[i][b], a, bt[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < TB; b++) D::mma(cor[b], konst, bt[b]);
+    };
+
+    // ---- main loop: as gemm_kernel's (one barrier per stage, the next stage's copies issued first)
+    for (int s = 0; s < stages - 1; s++) {
+        if (s < nk) load_stage(kt_begin + s, s);
+        cp_async_commit();
+    }
+    const unsigned char *const smem_end = smem + stages * STAGE_BYTES;
+    const unsigned char *st = smem;
+    unsigned char *pf_st = smem + (stages - 1) * STAGE_BYTES;
+    int cur_group = -1, cur_fold = -1;
+    auto enter = [&](const unsigned char *s, int k, int k0) { // k16 step at k: fold / new constants when due
+        const int fg = k >> fshift;
+        if (fg != cur_fold) {
+            fold();
+            cur_fold = fg;
+            const int gg = k >> gshift;
+            if (gg != cur_group) {
+                cur_group = gg;
+                load_group(s, min(gg, g_last) - (k0 >> gshift));
+            }
+        }
+    };
+    for (int i = 0; i < nk; i++) {
+        cp_async_wait_dyn(stages - 2);
+        __syncthreads();
+        if (i + stages - 1 < nk) copy.issue(p, pf_st, kt_begin + i + stages - 1, n0, tid);
+        cp_async_commit();
+        pf_st = pf_st + STAGE_BYTES == smem_end ? smem : pf_st + STAGE_BYTES;
+        const int k0 = (kt_begin + i) * BK;
+        const int kw = k0 + wk * KS * 16; // this warp's K range of the stage: [kw, kw + 16 KS)
+        load_frags(st, 0, 0);
+        if ((kw >> fshift) == ((kw + 16 * KS - 1) >> fshift)) { // one fold range: checked once per stage
+            enter(st, kw, k0);
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                compute(ks & 1);
+            }
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                enter(st, kw + 16 * ks, k0);
+                compute(ks & 1);
+            }
+        }
+        st = st + STAGE_BYTES == smem_end ? smem : st + STAGE_BYTES;
+    }
+    cp_async_wait_all();
+    fold();
+
+    // ---- K-split warps: add partial sums through shared memory
+    constexpr int F4 = 4 * TB; // float4 per lane
+    if constexpr (WK > 1) {
+        __syncthreads();
+        float4 *red = reinterpret_cast<float4 *>(smem);
+        if (wk > 0) {
+            float4 *dst = red + ((wk - 1) * WN + wn) * (F4 * 32);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int b = 0; b < TB; b++)
+                    dst[(i * TB + b) * 32 + lane] = make_float4(acc[i][b][0], acc[i][b][1], acc[i][b][2], acc[i][b][3]);
+        }
+        __syncthreads();
+        if (wk > 0) return;
+        for (int w = 1; w < WK; w++) {
+            const float4 *src = red + ((w - 1) * WN + wn) * (F4 * 32);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int b = 0; b < TB; b++) {
+                    float4 v = src[(i * TB + b) * 32 + lane];
+                    acc[i][b][0] += v.x; acc[i][b][1] += v.y; acc[i][b][2] += v.z; acc[i][b][3] += v.w;
+                }
+        }
+    }
+
+    // ---- split-K across blocks: partials to the workspace, the last arriving block reduces (as gemm_kernel)
+    if (splits > 1) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        constexpr int TILE_F4 = WN * F4 * 32;
+        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + wn * (F4 * 32);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int b = 0; b < TB; b++) store_partial<T>(mine + (i * TB + b) * 32 + lane, acc[i][b], p.reduce_dtype);
+        auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * WN)); }; // only the epilogue warps
+        if (!last_arrival(p.counters, tile, splits, tid, epi_sync)) return;
+        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + wn * (F4 * 32);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int b = 0; b < TB; b++) {
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int s = 0; s < splits; s++) { // fixed order: deterministic
+                    float4 v = load_partial<T>(all + (size_t)s * TILE_F4 + (i * TB + b) * 32 + lane, p.reduce_dtype);
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                acc[i][b][0] = sum.x; acc[i][b][1] = sum.y; acc[i][b][2] = sum.z; acc[i][b][3] = sum.w;
+            }
+    }
+
+    // ---- store C (+ bias): lane holds tokens 2t, 2t + 1 of each token block for its 8 channels
+    T *C = static_cast<T *>(p.C);
+    const T *bias = static_cast<const T *>(p.bias);
+    const int col_base = n0 + wn * 64;
+    if (col_base >= N) return;
+#pragma unroll
+    for (int b = 0; b < TB; b++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = m0 + 8 * b + 2 * t + h;
+            if (row >= M) continue;
+            T *crow = C + (size_t)row * N + col_base;
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) { // columns 8g .. 8g + 7: constant c is column 8g + c
+                __align__(16) T out[8];
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    float v = acc[c / 2][b][2 * (c % 2) + h];
+                    if (bias) v += D::to_float(bias[col_base + 8 * g + c]);
+                    out[c] = D::from_float(v);
+                }
+                *reinterpret_cast<uint4 *>(crow + 8 * g) = *reinterpret_cast<uint4 *>(out);
+            } else { // constant c is column 8c + g
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    float v = acc[c / 2][b][2 * (c % 2) + h];
+                    if (bias) v += D::to_float(bias[col_base + 8 * c + g]);
+                    crow[8 * c + g] = D::from_float(v);
+                }
+            }
+        }
+}
+
+template <typename T, int LAYOUT, int WN, int WK, int KS, int MINB, int TB>
+cudaError_t launch_gemm_decode(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
+    auto kern = gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, TB>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return e;
+    dim3 grid((a.M + 15) / 16, (a.N + 64 * WN - 1) / (64 * WN), splits);
+    kern<<<grid, 32 * WN * WK, smem_bytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace w4a16
