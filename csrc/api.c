@@ -120,10 +120,16 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
     const int tiles = tiles_m * tiles_n, bk = w4a16_cfg_bk(cfg), num_kt = (K + bk - 1) / bk;
-    if (workspace_bytes > 0) a.splits = choose_splits(cfg->minb, tiles, num_kt, st->sm_count);
     a.cfg = tc->cfg;
     a.stages = tc->stages;
     a.smem_bytes = w4a16_cfg_smem_bytes(cfg, layout, tc->stages);
+    if (workspace_bytes > 0) {
+        /* resident blocks per SM: the register budget of the config, or fewer where shared memory runs out first
+         * (an SM holds the per-block opt-in limit + 1 KB, and each block reserves 1 KB) */
+        int resident = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
+        a.splits = choose_splits(resident < cfg->minb ? (resident > 0 ? resident : 1) : cfg->minb, tiles, num_kt,
+                                 st->sm_count);
+    }
     return launch_status(w4a16_launch_gemm(&a), op);
 }
 

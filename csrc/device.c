@@ -30,9 +30,11 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 /* name, arch, fallback, small/mid/mid2 max M, {cfg, stages} for small / mid / mid2 / large M (Marlin, AWQ layout),
  * and for small M when the tiles leave the GPU under-filled so K is split across blocks (measured on the H100:
  * 8 k16 steps per warp-stage win 5-20% there and lose 8-21% on large-N layers; the 100 KB parts keep cfg0).
- * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 27.3 KB, cfg2/3 26.3 KB, cfg4 13.6 KB. The decode config
- * takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
- * take one stage less for the larger tiles. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
+ * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 27.3 KB, cfg2/3 26.3 KB, cfg4 13.6 KB, cfg5 30.5 KB.
+ * The decode config takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
+ * take one stage less for the larger tiles. The sm90 profile's unsplit decode tile is cfg5 with 3 stages (2 blocks/SM):
+ * with the decode kernel of gemm_decode.cuh, whose per-stage work is the larger share, it measured 7% faster than cfg0
+ * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages, or 3 for the split tile, were not better. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
  * Mid M on wide layers (the mid tile's blocks alone fill every SM) takes the 4-warp 64x128 tile (`mid_wide`):
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
  * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
@@ -43,7 +45,7 @@ static const w4a16_profile profiles[] = {
     {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
     {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
     {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-    {"sm90", 90, "sm80", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 17, 129, W4A16_SM90_STAGED_MIN_M},
+    {"sm90", 90, "sm80", 32, 64, 256, {5, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 17, 129, W4A16_SM90_STAGED_MIN_M},
     {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
     {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
     {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
