@@ -18,7 +18,8 @@
 // more MMA per k16 step whose A operand is constant (rows g: BASE; rows g + 8: 1 for k 0-7 and 1 or 16 for k 8-15).
 // Every lane gets them for its own tokens (MMA columns 2t, 2t + 1). The raw sums stay exact within fp32's range for a
 // group (|BASE * SA| is ~1000x a typical output); they are folded into the output accumulators, with the group's
-// constants, whenever the group changes and at least every 128 k, so rounding does not build up over long groups.
+// constants read from the stage in shared memory, at the end of each warp's k range of a stage (at most 128 k, so
+// rounding does not build up over long groups) and wherever a group ends inside it.
 #pragma once
 #include "gemm.cuh"
 
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     constexpr int A_BYTES = ATile::BYTES, STAGE_BYTES = A_BYTES + WTile::BYTES;
     // Marlin fp16: k rows 8-15 of a register are high nibbles (16 q): their activations are divided by 16.
     constexpr bool PRESCALE = LAYOUT == W4A16_LAYOUT_MARLIN && D::HI_IN_PLACE;
-    constexpr int FLUSH_SHIFT = 7; // fold the raw sums at least every 128 k
+    static_assert(16 * KS <= 128, "the raw sums are folded at least every 128 k");
 
     extern __shared__ __align__(16) unsigned char smem[];
 
@@ -68,13 +69,11 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     StageCopy<T, ATile, WTile, BK> copy;
     copy.plan(p, m0, n0, kt_begin * BK, tid);
     const int gshift = copy.gshift, g_last = copy.g_last;
-    const int fshift = gshift < FLUSH_SHIFT ? gshift : FLUSH_SHIFT;
     auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
 
     // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); cidx 2i + row indexes their constants.
     //   Marlin: blocks 2i, 2i + 1 (columns 16 i + g, 16 i + 8 + g); AWQ: blocks i, i + 4 (columns 8 g + 2i, 8 g + 2i + 1).
     float acc[4][TB][4], raw[4][TB][4], cor[TB][4]; // cor: C1 (tokens 2t, 2t + 1), SA (tokens 2t, 2t + 1)
-    float cs[8], cz[8];                             // s' and z' of the lane's 8 channels
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -85,8 +84,6 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     for (int b = 0; b < TB; b++)
 #pragma unroll
         for (int e = 0; e < 4; e++) cor[b][e] = 0.f;
-#pragma unroll
-    for (int c = 0; c < 8; c++) cs[c] = cz[c] = 0.f;
 
     // The constant A operand of the C1 / SA MMA.
     uint32_t konst[4];
@@ -94,25 +91,9 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     konst[1] = as_u32(D::pair(1.0f));
     konst[3] = as_u32(D::pair(PRESCALE ? 16.0f : 1.0f));
 
-    auto fold = [&]() { // raw sums -> output accumulators with the current group's constants
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int b = 0; b < TB; b++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int c = 2 * i + (e >> 1);
-                    float x = raw[i][b][e] - cor[b][e & 1];
-                    x = fmaf(-cz[c], cor[b][2 + (e & 1)], x);
-                    acc[i][b][e] = fmaf(cs[c], x, acc[i][b][e]);
-                    raw[i][b][e] = 0.f;
-                }
-#pragma unroll
-        for (int b = 0; b < TB; b++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) cor[b][e] = 0.f;
-    };
-    auto load_group = [&](const unsigned char *st, int sl) { // constants of group slot sl of stage st
+    // Folds the raw sums into the output accumulators with the constants of group slot `sl` of stage `st` (read here,
+    // while the stage is still resident: no per-group registers), then clears them.
+    auto fold = [&](const unsigned char *st, int sl) {
         const T *sS = reinterpret_cast<const T *>(st + A_BYTES + WTile::B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ =
             reinterpret_cast<const uint32_t *>(st + A_BYTES + WTile::B_BYTES + WTile::S_BYTES) + sl * (BN / 8) + wn * 8;
@@ -139,9 +120,22 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
             const int nib = LAYOUT == W4A16_LAYOUT_AWQ ? i + 4 * row : awq_reverse(c);
             const int u = LAYOUT == W4A16_LAYOUT_AWQ && (i & 1) ? Dq::HI_MUL : 1;
             const auto s2 = D::from_bits(sw[c / 2]);
-            cs[c] = D::to_float(c % 2 ? s2.y : s2.x) * (1.0f / u);
-            cz[c] = (float)(((zw >> (4 * nib)) & 0xF) * u);
+            const float cs = D::to_float(row ? s2.y : s2.x) * (1.0f / u);
+            const float cz = (float)(((zw >> (4 * nib)) & 0xF) * u);
+#pragma unroll
+            for (int b = 0; b < TB; b++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // tokens 2t + h
+                    const int e = 2 * row + h;
+                    const float x = fmaf(-cz, cor[b][2 + h], raw[i][b][e] - cor[b][h]);
+                    acc[i][b][e] = fmaf(cs, x, acc[i][b][e]);
+                    raw[i][b][e] = 0.f;
+                }
         }
+#pragma unroll
+        for (int b = 0; b < TB; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) cor[b][e] = 0.f;
     };
 
     // ---- fragments, double-buffered across k16 steps
@@ -199,19 +193,6 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     const unsigned char *const smem_end = smem + stages * STAGE_BYTES;
     const unsigned char *st = smem;
     unsigned char *pf_st = smem + (stages - 1) * STAGE_BYTES;
-    int cur_group = -1, cur_fold = -1;
-    auto enter = [&](const unsigned char *s, int k, int k0) { // k16 step at k: fold / new constants when due
-        const int fg = k >> fshift;
-        if (fg != cur_fold) {
-            fold();
-            cur_fold = fg;
-            const int gg = k >> gshift;
-            if (gg != cur_group) {
-                cur_group = gg;
-                load_group(s, min(gg, g_last) - (k0 >> gshift));
-            }
-        }
-    };
     for (int i = 0; i < nk; i++) {
         cp_async_wait_dyn(stages - 2);
         __syncthreads();
@@ -219,27 +200,28 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
         cp_async_commit();
         pf_st = pf_st + STAGE_BYTES == smem_end ? smem : pf_st + STAGE_BYTES;
         const int k0 = (kt_begin + i) * BK;
-        const int kw = k0 + wk * KS * 16; // this warp's K range of the stage: [kw, kw + 16 KS)
+        const int kw = k0 + wk * KS * 16; // this warp's K range of the stage: [kw, kw + 16 KS), at most 128 k
+        auto slot = [&](int k) { return min(k >> gshift, g_last) - (k0 >> gshift); };
         load_frags(st, 0, 0);
-        if ((kw >> fshift) == ((kw + 16 * KS - 1) >> fshift)) { // one fold range: checked once per stage
-            enter(st, kw, k0);
+        if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: fold once, at the end of the range
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
                 compute(ks & 1);
             }
-        } else {
+            fold(st, slot(kw));
+        } else { // small groups: fold where each ends
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
-                enter(st, kw + 16 * ks, k0);
                 compute(ks & 1);
+                const int k = kw + 16 * ks;
+                if (ks + 1 == KS || ((k + 16) >> gshift) != (k >> gshift)) fold(st, slot(k));
             }
         }
         st = st + STAGE_BYTES == smem_end ? smem : st + STAGE_BYTES;
     }
     cp_async_wait_all();
-    fold();
 
     // ---- K-split warps: add partial sums through shared memory
     constexpr int F4 = 4 * TB; // float4 per lane

@@ -7,7 +7,7 @@
 #define W4A16_DECODE_SWAPPED 1
 #endif
 #ifndef W4A16_DECODE_TB2
-#define W4A16_DECODE_TB2 0
+#define W4A16_DECODE_TB2 1
 #endif
 
 namespace w4a16 {
@@ -19,11 +19,9 @@ template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS
 cudaError_t launch_tile(const GemmArgs &a, int splits, int smem, cudaStream_t s) {
     if constexpr (is_decode_tile<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>()) {
         if (a.M <= 8) return launch_gemm_decode<T, LAYOUT, WN, WK, KS, MINB, 1>(a, splits, smem, s);
-#if W4A16_DECODE_TB2
-        return launch_gemm_decode<T, LAYOUT, WN, WK, KS, (MINB > 1 ? MINB - 1 : 1), 2>(a, splits, smem, s);
-#else
-        return launch_gemm<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
-#endif
+        // 16 tokens need ~160 registers: only under the 168 of a 3-blocks-per-SM budget (cfg5)
+        if constexpr (W4A16_DECODE_TB2 && MINB <= 3) return launch_gemm_decode<T, LAYOUT, WN, WK, KS, MINB, 2>(a, splits, smem, s);
+        else return launch_gemm<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
     } else {
         return launch_gemm<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
     }
