@@ -1,6 +1,7 @@
 /* Concurrency: 8 host threads make their first w4a16 calls at the same moment (the per-device profile choice is
  * initialised under contention), then each runs both GEMM paths on its own stream and workspace. Every result must
  * be bit-identical to the same calls made serially afterwards. A fresh process, so nothing is initialised before. */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,9 +102,17 @@ static void test_concurrent_first_use(void **state) {
         if (res[i].status) fail_msg("thread %d: %s", i, w4a16_status_string(res[i].status));
         assert_memory_equal(res[i].out, serial.out, sizeof serial.out);
     }
-    /* and the two paths agree on the same tensors */
-    assert_memory_equal(serial.out[0], serial.out[1], sizeof serial.out[0]);
-    printf("  %d threads, first use at once: AWQ and Marlin results bit-identical to the serial run\n", THREADS);
+    /* and the two paths agree on the same tensors: within rounding, not bit for bit (at M <= 16 the decode kernel
+     * dequantises the two layouts' nibbles with different exact scalings, see README "Numerics") */
+    double num = 0, den = 0;
+    for (int i = 0; i < M * N; i++) {
+        double a = w4a16_ref_to_float(serial.out[0][i], W4A16_FP16), b = w4a16_ref_to_float(serial.out[1][i], W4A16_FP16);
+        num += (a - b) * (a - b);
+        den += a * a;
+    }
+    if (!(den > 0 && sqrt(num / den) < 5e-3)) fail_msg("AWQ vs Marlin: relative difference %.3e", sqrt(num / den));
+    printf("  %d threads, first use at once: AWQ and Marlin results bit-identical to the serial run; AWQ vs Marlin "
+           "relative difference %.2e\n", THREADS, sqrt(num / den));
     cudaFree(ws); cudaFree(C); cudaFree(dA); cudaFree(dW); cudaFree(dZ); cudaFree(dS);
     cudaFree(mW); cudaFree(mZ); cudaFree(mS);
     free(w); free(z); free(sc); free(a); free(hw); free(hz); free(hs);
