@@ -183,7 +183,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
                 const uint32_t *s = src[0];
                 if (k0 + BK <= K) { // the whole stage lies inside K
 #pragma unroll
-                    for (int i = 0; i < PER; i++) cp_async16(d + i * RSTEP * ROW_BYTES, s + i * cstride, true);
+                    for (int i = 0; i < PER; i++) cp_async16_weights(d + i * RSTEP * ROW_BYTES, s + i * cstride);
                 } else { // K tail: rows past K are zero-filled
 #pragma unroll
                     for (int i = 0; i < PER; i++) {
