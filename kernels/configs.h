@@ -9,6 +9,7 @@
  *   WK  warps along K (reduced through shared memory at the end)
  *   KS  k16 steps per warp per stage
  *   MINB blocks per SM the register budget is capped for (__launch_bounds__)
+ * The 16-token tiles (MT = WM = NH = 1: cfg0, cfg5) run the decode kernel of gemm_decode.cuh.
  */
 #ifndef W4A16_KERNEL_CONFIGS_H
 #define W4A16_KERNEL_CONFIGS_H

@@ -1,4 +1,5 @@
-// w4a16 int4 dequant-GEMM: one kernel template for both weight layouts.
+// w4a16 int4 dequant-GEMM: one kernel template for both weight layouts (the 16-token tiles have their own decode
+// kernel, gemm_decode.cuh, which shares this file's split-K pieces and tiles.cuh).
 //
 //   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
 //

@@ -41,7 +41,7 @@ template <typename T> struct DecodeDq {
     static constexpr int HI_MUL = D::HI_IN_PLACE ? 16 : 1; // what an in-place high nibble carries
 };
 
-// TB: token blocks of 8 (1 for M <= 8, else 2).
+// TB: token blocks of 8: 1 for M <= 8; 2 for M 9-16 where the config allows 168 registers (gemm_instance.cu).
 template <typename T, int LAYOUT, int WN, int WK, int KS, int MINB, int TB>
 __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const GemmArgs p) {
     using D = Dtype<T>;

@@ -6,7 +6,7 @@
 #ifndef W4A16_DECODE_SWAPPED /* experiments: -DW4A16_DECODE_SWAPPED=0 runs the 16-token tiles on gemm_kernel */
 #define W4A16_DECODE_SWAPPED 1
 #endif
-#ifndef W4A16_DECODE_TB2
+#ifndef W4A16_DECODE_TB2 /* experiments: -DW4A16_DECODE_TB2=0 runs M 9-16 on gemm_kernel everywhere */
 #define W4A16_DECODE_TB2 1
 #endif
 
