@@ -93,6 +93,20 @@ template <typename T> __device__ __forceinline__ float4 load_partial(const float
     auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
     return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
 }
+// One slot of 4 fp32 accumulators as a float4, and added from / set to one.
+__device__ __forceinline__ float4 to_float4(const float (&a)[4]) { return make_float4(a[0], a[1], a[2], a[3]); }
+__device__ __forceinline__ void add_float4(float (&a)[4], float4 v) { a[0] += v.x; a[1] += v.y; a[2] += v.z; a[3] += v.w; }
+__device__ __forceinline__ void set_float4(float (&a)[4], float4 v) { a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w; }
+// Slot `idx` of a tile summed over its splits' partials (`tile_f4` float4 apart) in split order: deterministic.
+template <typename T>
+__device__ __forceinline__ float4 sum_partials(const float4 *all, size_t tile_f4, int splits, int idx, bool in_dtype) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < splits; s++) {
+        float4 v = load_partial<T>(all + (size_t)s * tile_f4 + idx, in_dtype);
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    return sum;
+}
 // After the block's partials are written: true in the last block of the tile to arrive, which also resets the tile's
 // counter so the workspace is left zeroed. `sync` is a barrier over the threads that take part (tid 0 among them).
 template <typename Sync> __device__ __forceinline__ bool last_arrival(int *counters, int tile, int splits, int tid,
@@ -238,7 +252,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int j = 0; j < NB; j++)
-                    dst[(mt * NB + j) * 32 + lane] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+                    dst[(mt * NB + j) * 32 + lane] = to_float4(acc[mt][j]);
         }
         __syncthreads();
         if (wk > 0) return;
@@ -247,10 +261,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    float4 v = src[(mt * NB + j) * 32 + lane];
-                    acc[mt][j][0] += v.x; acc[mt][j][1] += v.y; acc[mt][j][2] += v.z; acc[mt][j][3] += v.w;
-                }
+                for (int j = 0; j < NB; j++) add_float4(acc[mt][j], src[(mt * NB + j) * 32 + lane]);
         }
     }
     // From here only the WMN warps with wk == 0 remain.
@@ -275,14 +286,8 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         for (int mt = 0; mt < MT; mt++) {
             if (row_base + mt * 16 >= M) break;
 #pragma unroll
-            for (int j = 0; j < NB; j++) {
-                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-                for (int s = 0; s < splits; s++) { // fixed order: deterministic
-                    float4 v = load_partial<T>(all + (size_t)s * TILE_F4 + (mt * NB + j) * 32 + lane, p.reduce_dtype);
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-                }
-                acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;
-            }
+            for (int j = 0; j < NB; j++)
+                set_float4(acc[mt][j], sum_partials<T>(all, TILE_F4, splits, (mt * NB + j) * 32 + lane, p.reduce_dtype));
         }
     }
 

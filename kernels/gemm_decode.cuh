@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
             for (int i = 0; i < 4; i++)
 #pragma unroll
                 for (int b = 0; b < TB; b++)
-                    dst[(i * TB + b) * 32 + lane] = make_float4(acc[i][b][0], acc[i][b][1], acc[i][b][2], acc[i][b][3]);
+                    dst[(i * TB + b) * 32 + lane] = to_float4(acc[i][b]);
         }
         __syncthreads();
         if (wk > 0) return;
@@ -243,10 +243,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int b = 0; b < TB; b++) {
-                    float4 v = src[(i * TB + b) * 32 + lane];
-                    acc[i][b][0] += v.x; acc[i][b][1] += v.y; acc[i][b][2] += v.z; acc[i][b][3] += v.w;
-                }
+                for (int b = 0; b < TB; b++) add_float4(acc[i][b], src[(i * TB + b) * 32 + lane]);
         }
     }
 
@@ -265,14 +262,8 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int b = 0; b < TB; b++) {
-                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-                for (int s = 0; s < splits; s++) { // fixed order: deterministic
-                    float4 v = load_partial<T>(all + (size_t)s * TILE_F4 + (i * TB + b) * 32 + lane, p.reduce_dtype);
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-                }
-                acc[i][b][0] = sum.x; acc[i][b][1] = sum.y; acc[i][b][2] = sum.z; acc[i][b][3] = sum.w;
-            }
+            for (int b = 0; b < TB; b++)
+                set_float4(acc[i][b], sum_partials<T>(all, TILE_F4, splits, (i * TB + b) * 32 + lane, p.reduce_dtype));
     }
 
     // ---- store C (+ bias): lane holds tokens 2t, 2t + 1 of each token block for its 8 channels
