@@ -34,7 +34,8 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * The decode config takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
  * take one stage less for the larger tiles. The sm90 profile's unsplit decode tile is cfg5 with 3 stages (2 blocks/SM):
  * with the decode kernel of gemm_decode.cuh, whose per-stage work is the larger share, it measured 7% faster than cfg0
- * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages, or 3 for the split tile, were not better. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
+ * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages, or 3 for the split tile, were not
+ * better. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
  * Mid M on wide layers (the mid tile's blocks alone fill every SM) takes the 4-warp 64x128 tile (`mid_wide`):
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
  * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
