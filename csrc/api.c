@@ -126,9 +126,10 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     if (workspace_bytes > 0) {
         /* resident blocks per SM: the register budget of the config, or fewer where shared memory runs out first
          * (an SM holds the per-block opt-in limit + 1 KB, and each block reserves 1 KB) */
-        int resident = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
-        a.splits = choose_splits(resident < cfg->minb ? (resident > 0 ? resident : 1) : cfg->minb, tiles, num_kt,
-                                 st->sm_count);
+        int per_sm = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
+        if (per_sm > cfg->minb) per_sm = cfg->minb;
+        if (per_sm < 1) per_sm = 1;
+        a.splits = choose_splits(per_sm, tiles, num_kt, st->sm_count);
     }
     return launch_status(w4a16_launch_gemm(&a), op);
 }

@@ -17,21 +17,11 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 // Weight copies inside the matrix: the same copy with the L2 prefetch-size qualifier L2::128B (a fetch granularity,
 // not an eviction policy: no createpolicy, no cache hint operand; SASS LDGSTS...LTC128B on every architecture). An AWQ
 // tile row is a 64-byte piece and its neighbour belongs to the next block of channels, which runs at the same time:
-// fetching 128 bytes made the AWQ decode path up to 13% faster on the H100 (docs/PERFORMANCE.md v17f).
-#ifndef W4A16_WEIGHT_L2_PREFETCH /* experiments: 0 (none), 64, 128 or 256 bytes */
-#define W4A16_WEIGHT_L2_PREFETCH 128
-#endif
+// fetching 128 bytes made the AWQ decode path up to 13% faster on the H100; 256 bytes was no better (docs/PERFORMANCE.md
+// v17f).
 __device__ __forceinline__ void cp_async16_weights(void *smem, const void *gmem) {
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-#if W4A16_WEIGHT_L2_PREFETCH == 256
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#elif W4A16_WEIGHT_L2_PREFETCH == 128
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#elif W4A16_WEIGHT_L2_PREFETCH == 64
-    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#endif
 }
 // Closes the group of copies issued since the last commit (one group per pipeline stage).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

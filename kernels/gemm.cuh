@@ -93,20 +93,64 @@ template <typename T> __device__ __forceinline__ float4 load_partial(const float
     auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
     return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
 }
-// One slot of 4 fp32 accumulators as a float4, and added from / set to one.
-__device__ __forceinline__ float4 to_float4(const float (&a)[4]) { return make_float4(a[0], a[1], a[2], a[3]); }
-__device__ __forceinline__ void add_float4(float (&a)[4], float4 v) { a[0] += v.x; a[1] += v.y; a[2] += v.z; a[3] += v.w; }
-__device__ __forceinline__ void set_float4(float (&a)[4], float4 v) { a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w; }
-// Slot `idx` of a tile summed over its splits' partials (`tile_f4` float4 apart) in split order: deterministic.
-template <typename T>
-__device__ __forceinline__ float4 sum_partials(const float4 *all, size_t tile_f4, int splits, int idx, bool in_dtype) {
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < splits; s++) {
-        float4 v = load_partial<T>(all + (size_t)s * tile_f4 + idx, in_dtype);
-        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+// The cp.async pipeline of the mma.sync kernels: `stages` buffers of BYTES in a ring, advanced by pointer (no run-time
+// modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2; step(i) waits for k-tile i, makes it
+// visible to the block (one barrier), issues k-tile i + stages - 1 into the buffer k-tile i - 1 used, and returns
+// k-tile i's buffer. issue(j, buffer) copies k-tile j of the block's range.
+template <int BYTES> struct StageRing {
+    unsigned char *const base, *const end;
+    unsigned char *cur, *pf;
+    const int stages, nk;
+    __device__ __forceinline__ StageRing(unsigned char *smem, int stages_, int nk_)
+        : base(smem), end(smem + stages_ * BYTES), cur(smem), pf(smem + (stages_ - 1) * BYTES), stages(stages_), nk(nk_) {}
+    __device__ __forceinline__ unsigned char *next(unsigned char *b) const { return b + BYTES == end ? base : b + BYTES; }
+    template <typename Issue> __device__ __forceinline__ void prologue(Issue issue) {
+        for (int s = 0; s < stages - 1; s++) {
+            if (s < nk) issue(s, base + s * BYTES);
+            cp_async_commit();
+        }
     }
-    return sum;
+    template <typename Issue> __device__ __forceinline__ const unsigned char *step(int i, Issue issue) {
+        cp_async_wait_dyn(stages - 2);
+        __syncthreads();
+        if (i + stages - 1 < nk) issue(i + stages - 1, pf);
+        cp_async_commit();
+        pf = next(pf);
+        const unsigned char *st = cur;
+        cur = next(cur);
+        return st;
+    }
+};
+
+// K split across the WK warps of a block (after the main loop, whose buffers it reuses): warps wk > 0 write their
+// NSLOT slots of 4 fp32 accumulators (slot(s)) to shared memory and return false; the wk == 0 warp of the same WMN
+// position adds them in warp order and returns true.
+template <int NSLOT, int WK, int WMN, typename Slot>
+__device__ __forceinline__ bool reduce_k_warps(unsigned char *smem, int wk, int warp_mn, int lane, Slot slot) {
+    __syncthreads(); // every warp is done reading the pipeline buffers
+    float4 *red = reinterpret_cast<float4 *>(smem);
+    if (wk > 0) {
+        float4 *dst = red + ((wk - 1) * WMN + warp_mn) * (NSLOT * 32);
+#pragma unroll
+        for (int s = 0; s < NSLOT; s++) {
+            const float *x = slot(s);
+            dst[s * 32 + lane] = make_float4(x[0], x[1], x[2], x[3]);
+        }
+    }
+    __syncthreads();
+    if (wk > 0) return false;
+    for (int w = 1; w < WK; w++) {
+        const float4 *src = red + ((w - 1) * WMN + warp_mn) * (NSLOT * 32);
+#pragma unroll
+        for (int s = 0; s < NSLOT; s++) {
+            const float4 v = src[s * 32 + lane];
+            float *x = slot(s);
+            x[0] += v.x; x[1] += v.y; x[2] += v.z; x[3] += v.w;
+        }
+    }
+    return true;
 }
+
 // After the block's partials are written: true in the last block of the tile to arrive, which also resets the tile's
 // counter so the workspace is left zeroed. `sync` is a barrier over the threads that take part (tid 0 among them).
 template <typename Sync> __device__ __forceinline__ bool last_arrival(int *counters, int tile, int splits, int tid,
@@ -122,6 +166,35 @@ template <typename Sync> __device__ __forceinline__ bool last_arrival(int *count
     sync();
     if (!s_last) return false;
     __threadfence();
+    return true;
+}
+
+// Split-K across blocks (gridDim.z splits) for the NSLOT slots of 4 fp32 accumulators a thread holds: slot s is
+// slot(s) and lies at float4 offset + s * stride of each split's tile_f4-float4 partials. Stores this block's partials
+// and returns whether it is the last block of the tile to arrive; there every slot becomes the sum over the splits in
+// split order (deterministic). Slots with live(s) false (rows past M) are neither stored nor summed; `sync` is a barrier
+// over the threads that take part (tid 0 among them).
+template <typename T, int NSLOT, typename Slot, typename Live, typename Sync>
+__device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, int offset, int stride, int tid, Slot slot,
+                                               Live live, Sync sync) {
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x, splits = gridDim.z;
+    float4 *all = p.partials + (size_t)tile * splits * tile_f4 + offset;
+    float4 *mine = all + (size_t)blockIdx.z * tile_f4;
+#pragma unroll
+    for (int s = 0; s < NSLOT; s++)
+        if (live(s)) store_partial<T>(mine + s * stride, slot(s), p.reduce_dtype);
+    if (!last_arrival(p.counters, tile, splits, tid, sync)) return false;
+#pragma unroll
+    for (int s = 0; s < NSLOT; s++)
+        if (live(s)) {
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
+                float4 v = load_partial<T>(all + (size_t)sp * tile_f4 + s * stride, p.reduce_dtype);
+                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+            }
+            float *x = slot(s);
+            x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
+        }
     return true;
 }
 
@@ -146,7 +219,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int q = lane & 3, r = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N, K = p.K;
-    const int splits = gridDim.z, split = blockIdx.z;
+    const int splits = gridDim.z;
     int kt_begin;
     const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
     const int stages = p.stages;
@@ -155,7 +228,6 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     StageCopy<T, ATile, WTile, BK> copy;
     copy.plan(p, m0, n0, kt_begin * BK, tid);
     const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
-    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
 
     float acc[MT][NB][4];
 #pragma unroll
@@ -196,21 +268,12 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     };
 
     // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
-    for (int s = 0; s < stages - 1; s++) {
-        if (s < nk) load_stage(kt_begin + s, s);
-        cp_async_commit();
-    }
-    // Stage buffers advance by pointer (no run-time modulo of the profile's stage count).
-    const unsigned char *const smem_end = smem + stages * STAGE_BYTES;
-    const unsigned char *st = smem;                        // stage i
-    unsigned char *pf_st = smem + (stages - 1) * STAGE_BYTES; // stage i + stages - 1
+    StageRing<STAGE_BYTES> ring(smem, stages, nk);
+    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j, n0, tid); };
+    ring.prologue(issue);
     int cur_group = -1;
     for (int i = 0; i < nk; i++) {
-        cp_async_wait_dyn(stages - 2);
-        __syncthreads();
-        if (i + stages - 1 < nk) copy.issue(p, pf_st, kt_begin + i + stages - 1, n0, tid);
-        cp_async_commit();
-        pf_st = pf_st + STAGE_BYTES == smem_end ? smem : pf_st + STAGE_BYTES;
+        const unsigned char *st = ring.step(i, issue);
         const int k0 = (kt_begin + i) * BK;
         const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
         load_frags(st, 0, 0);
@@ -237,32 +300,14 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                 compute(st, ks, ks & 1);
             }
         }
-        st = st + STAGE_BYTES == smem_end ? smem : st + STAGE_BYTES;
     }
     cp_async_wait_all();
 
     // ---- K-split warps: add partial sums through shared memory
     const int warp_mn = warp % WMN;
     if constexpr (WK > 1) {
-        __syncthreads(); // every warp is done reading the pipeline buffers
-        float4 *red = reinterpret_cast<float4 *>(smem);
-        if (wk > 0) {
-            float4 *dst = red + ((wk - 1) * WMN + warp_mn) * (MT * NB * 32);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < NB; j++)
-                    dst[(mt * NB + j) * 32 + lane] = to_float4(acc[mt][j]);
-        }
-        __syncthreads();
-        if (wk > 0) return;
-        for (int w = 1; w < WK; w++) {
-            const float4 *src = red + ((w - 1) * WMN + warp_mn) * (MT * NB * 32);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < NB; j++) add_float4(acc[mt][j], src[(mt * NB + j) * 32 + lane]);
-        }
+        if (!reduce_k_warps<MT * NB, WK, WMN>(smem, wk, warp_mn, lane, [&](int s) -> float * { return acc[s / NB][s % NB]; }))
+            return;
     }
     // From here only the WMN warps with wk == 0 remain.
     constexpr int EPI_THREADS = 32 * WMN;
@@ -270,25 +315,12 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
 
     // ---- split-K across blocks: partials to the workspace, the last arriving block reduces
     if (splits > 1) {
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        constexpr int TILE_F4 = WMN * MT * NB * 32;
-        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + warp_mn * (MT * NB * 32);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (row_base + mt * 16 >= M) break;
-#pragma unroll
-            for (int j = 0; j < NB; j++) store_partial<T>(mine + (mt * NB + j) * 32 + lane, acc[mt][j], p.reduce_dtype);
-        }
         auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); }; // only the epilogue warps
-        if (!last_arrival(p.counters, tile, splits, tid, epi_sync)) return;
-        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + warp_mn * (MT * NB * 32);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (row_base + mt * 16 >= M) break;
-#pragma unroll
-            for (int j = 0; j < NB; j++)
-                set_float4(acc[mt][j], sum_partials<T>(all, TILE_F4, splits, (mt * NB + j) * 32 + lane, p.reduce_dtype));
-        }
+        auto slot = [&](int s) -> float * { return acc[s / NB][s % NB]; };
+        auto live = [&](int s) { return row_base + (s / NB) * 16 < M; };
+        if (!split_k_reduce<T, MT * NB>(p, WMN * MT * NB * 32, warp_mn * (MT * NB * 32) + lane, 32, tid, slot, live,
+                                        epi_sync))
+            return;
     }
 
     // ---- store C (+ bias)

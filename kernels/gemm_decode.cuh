@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     const int t = lane & 3, g = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N, K = p.K;
-    const int splits = gridDim.z, split = blockIdx.z;
+    const int splits = gridDim.z;
     int kt_begin;
     const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
     const int stages = p.stages;
@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     StageCopy<T, ATile, WTile, BK> copy;
     copy.plan(p, m0, n0, kt_begin * BK, tid);
     const int gshift = copy.gshift, g_last = copy.g_last;
-    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
 
     // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); cidx 2i + row indexes their constants.
     //   Marlin: blocks 2i, 2i + 1 (columns 16 i + g, 16 i + 8 + g); AWQ: blocks i, i + 4 (columns 8 g + 2i, 8 g + 2i + 1).
@@ -186,22 +185,14 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     };
 
     // ---- main loop: as gemm_kernel's (one barrier per stage, the next stage's copies issued first)
-    for (int s = 0; s < stages - 1; s++) {
-        if (s < nk) load_stage(kt_begin + s, s);
-        cp_async_commit();
-    }
-    const unsigned char *const smem_end = smem + stages * STAGE_BYTES;
-    const unsigned char *st = smem;
-    unsigned char *pf_st = smem + (stages - 1) * STAGE_BYTES;
+    StageRing<STAGE_BYTES> ring(smem, stages, nk);
+    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j, n0, tid); };
+    ring.prologue(issue);
     for (int i = 0; i < nk; i++) {
-        cp_async_wait_dyn(stages - 2);
-        __syncthreads();
-        if (i + stages - 1 < nk) copy.issue(p, pf_st, kt_begin + i + stages - 1, n0, tid);
-        cp_async_commit();
-        pf_st = pf_st + STAGE_BYTES == smem_end ? smem : pf_st + STAGE_BYTES;
+        const unsigned char *st = ring.step(i, issue);
         const int k0 = (kt_begin + i) * BK;
         const int kw = k0 + wk * KS * 16; // this warp's K range of the stage: [kw, kw + 16 KS), at most 128 k
-        auto slot = [&](int k) { return min(k >> gshift, g_last) - (k0 >> gshift); };
+        auto group_slot = [&](int k) { return min(k >> gshift, g_last) - (k0 >> gshift); };
         load_frags(st, 0, 0);
         if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: fold once, at the end of the range
 #pragma unroll
@@ -209,61 +200,32 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
                 if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
                 compute(ks & 1);
             }
-            fold(st, slot(kw));
+            fold(st, group_slot(kw));
         } else { // small groups: fold where each ends
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
                 compute(ks & 1);
                 const int k = kw + 16 * ks;
-                if (ks + 1 == KS || ((k + 16) >> gshift) != (k >> gshift)) fold(st, slot(k));
+                if (ks + 1 == KS || ((k + 16) >> gshift) != (k >> gshift)) fold(st, group_slot(k));
             }
         }
-        st = st + STAGE_BYTES == smem_end ? smem : st + STAGE_BYTES;
     }
     cp_async_wait_all();
 
     // ---- K-split warps: add partial sums through shared memory
     constexpr int F4 = 4 * TB; // float4 per lane
+    auto slot = [&](int s) -> float * { return acc[s / TB][s % TB]; };
     if constexpr (WK > 1) {
-        __syncthreads();
-        float4 *red = reinterpret_cast<float4 *>(smem);
-        if (wk > 0) {
-            float4 *dst = red + ((wk - 1) * WN + wn) * (F4 * 32);
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int b = 0; b < TB; b++)
-                    dst[(i * TB + b) * 32 + lane] = to_float4(acc[i][b]);
-        }
-        __syncthreads();
-        if (wk > 0) return;
-        for (int w = 1; w < WK; w++) {
-            const float4 *src = red + ((w - 1) * WN + wn) * (F4 * 32);
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int b = 0; b < TB; b++) add_float4(acc[i][b], src[(i * TB + b) * 32 + lane]);
-        }
+        if (!reduce_k_warps<F4, WK, WN>(smem, wk, wn, lane, slot)) return;
     }
 
     // ---- split-K across blocks: partials to the workspace, the last arriving block reduces (as gemm_kernel)
     if (splits > 1) {
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        constexpr int TILE_F4 = WN * F4 * 32;
-        float4 *mine = p.partials + ((size_t)tile * splits + split) * TILE_F4 + wn * (F4 * 32);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int b = 0; b < TB; b++) store_partial<T>(mine + (i * TB + b) * 32 + lane, acc[i][b], p.reduce_dtype);
         auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * WN)); }; // only the epilogue warps
-        if (!last_arrival(p.counters, tile, splits, tid, epi_sync)) return;
-        const float4 *all = p.partials + (size_t)tile * splits * TILE_F4 + wn * (F4 * 32);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int b = 0; b < TB; b++)
-                set_float4(acc[i][b], sum_partials<T>(all, TILE_F4, splits, (i * TB + b) * 32 + lane, p.reduce_dtype));
+        if (!split_k_reduce<T, F4>(p, WN * F4 * 32, wn * (F4 * 32) + lane, 32, tid, slot, [](int) { return true; },
+                                   epi_sync))
+            return;
     }
 
     // ---- store C (+ bias): lane holds tokens 2t, 2t + 1 of each token block for its 8 channels

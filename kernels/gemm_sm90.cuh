@@ -147,23 +147,10 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     // split order (deterministic), resets the tile's counter and goes on to the epilogue.
     if (splits > 1) {
         constexpr int V = II * ACC / 4; // float4 per thread
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        float4 *base = p.partials + (size_t)tile * splits * (V * THREADS);
-        float4 *mine = base + (size_t)blockIdx.z * (V * THREADS) + tid;
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            store_partial<T>(mine + v * THREADS, &acc[v / (ACC / 4)][4 * (v % (ACC / 4))], p.reduce_dtype);
-        if (!last_arrival(p.counters, tile, splits, tid, []() { __syncthreads(); })) return;
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
-                float4 u = load_partial<T>(base + (size_t)sp * (V * THREADS) + v * THREADS + tid, p.reduce_dtype);
-                sum.x += u.x; sum.y += u.y; sum.z += u.z; sum.w += u.w;
-            }
-            float *x = &acc[v / (ACC / 4)][4 * (v % (ACC / 4))];
-            x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
-        }
+        auto slot = [&](int v) -> float * { return &acc[v / (ACC / 4)][4 * (v % (ACC / 4))]; };
+        if (!split_k_reduce<T, V>(p, V * THREADS, tid, THREADS, tid, slot, [](int) { return true; },
+                                  []() { __syncthreads(); }))
+            return;
     }
     __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there
 
