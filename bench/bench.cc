@@ -5,7 +5,7 @@
 // time, TFLOP/s, GB/s, the floor and the ratio to it, and the ratio to cuBLAS fp16; a summary table per layer x M
 // and a JSON file close the run (bench/plot draws the PNG).
 //
-//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--settle=0|1] [--group=128] [--m=1,16,64] [--layers=substr]
+//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--settle=0|1] [--pdl=0|1] [--group=128] [--m=1,16,64] [--layers=substr]
 //               [--json=build/bench_results.json] [Google Benchmark flags, e.g. --benchmark_filter=marlin]
 #include <benchmark/benchmark.h>
 
@@ -26,7 +26,7 @@
 namespace {
 
 struct Options {
-    bool full = false, bf16 = true, sm120 = true, settle = true;
+    bool full = false, bf16 = true, sm120 = true, settle = true, pdl = true;
     int group = 128;
     std::vector<int> ms;
     std::string layers, json = "build/bench_results.json";
@@ -114,8 +114,9 @@ void free_all() {
 
 // *_staged: the path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged), so
 // that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 1024.
-enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3, MARLIN_STAGED = 4 };
-const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged", "marlin_staged"};
+// MARLIN_PLAIN: the Marlin path launched without W4A16_FLAG_PDL (the other w4a16 paths take it unless --pdl=0)
+enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3, MARLIN_STAGED = 4, MARLIN_PLAIN = 5 };
+const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged", "marlin_staged", "marlin_plain"};
 #ifndef W4A16_BENCH_STAGED_MIN_M
 #define W4A16_BENCH_STAGED_MIN_M 1024
 #endif
@@ -144,11 +145,12 @@ void launch(Path p, LayerData *d, int M, int copy) {
     const bool staged = p == AWQ_STAGED || p == MARLIN_STAGED;
     void *ws = staged ? dev.ws_staged : dev.ws;
     const size_t ws_bytes = staged ? dev.ws_staged_bytes : dev.ws_bytes;
+    const unsigned flags = opt.pdl && p != MARLIN_PLAIN ? W4A16_FLAG_PDL : 0u;
     w4a16_status s = p == AWQ || p == AWQ_STAGED
-                         ? w4a16_awq_gemm(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K, d->G, d->dt,
-                                          ws, ws_bytes, nullptr)
-                         : w4a16_marlin_gemm(d->A, g.mweight, g.mscales, g.mzeros, nullptr, d->C, M, d->N, d->K, d->G,
-                                             d->dt, ws, ws_bytes, nullptr);
+                         ? w4a16_awq_gemm_ex(d->A, g.qweight, g.scales, g.qzeros, nullptr, d->C, M, d->N, d->K, d->G,
+                                             d->dt, ws, ws_bytes, flags, nullptr)
+                         : w4a16_marlin_gemm_ex(d->A, g.mweight, g.mscales, g.mzeros, nullptr, d->C, M, d->N, d->K,
+                                                d->G, d->dt, ws, ws_bytes, flags, nullptr);
     W4_CHECK(s);
 }
 
@@ -255,6 +257,7 @@ void register_all() {
                     paths.push_back(AWQ_STAGED);
                     paths.push_back(MARLIN_STAGED);
                 }
+                if (!f.profile && f.dt == W4A16_FP16 && opt.pdl && M <= 256) paths.push_back(MARLIN_PLAIN);
                 for (Path p : paths) {
                     std::string name = std::string(path_names[p]) + "/" + ly->name + "/M=" + std::to_string(M) + "/" +
                                        (f.dt == W4A16_BF16 ? "bf16" : "fp16") + "/" +
@@ -320,8 +323,12 @@ void summary() {
     printf("   times in us (median); x_floor = time / floor; awq/marlin and marlin/cublas are time ratios (lower is "
            "better for the first path)\n");
     printf("   awq_st, mar_st = the paths with a staged workspace (M >= %d); mst/cubl = mar_st / cublas\n", STAGED_MIN_M);
-    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %9s %8s\n", "layer", "M", "floor", "cublas", "awq",
-           "marlin", "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "mar_st", "mst/cubl");
+    printf("   %s\n", opt.pdl ? "w4a16 GEMMs launched with W4A16_FLAG_PDL (programmatic dependent launch, sm_90+); "
+                                "plain/pdl = the Marlin path launched without it / with it (M <= 256)"
+                              : "w4a16 GEMMs launched without W4A16_FLAG_PDL (--pdl=0)");
+    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %9s %8s %9s\n", "layer", "M", "floor", "cublas", "awq",
+           "marlin", "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "mar_st", "mst/cubl",
+           "plain/pdl");
     std::string last;
     for (const Row &r : rows) {
         if (r.path != "cublas_fp16" || r.dtype != "fp16") continue;
@@ -329,15 +336,17 @@ void summary() {
         const Row *s = find(r.layer, "marlin", "fp16", r.M, true), *b = find(r.layer, "marlin", "bf16", r.M, false);
         if (!a || !m) continue;
         const Row *as = find(r.layer, "awq_staged", "fp16", r.M, false), *ms = find(r.layer, "marlin_staged", "fp16", r.M, false);
-        char sm[16] = "-", bf[16] = "-", au[16] = "-", mu[16] = "-", sc[16] = "-";
+        const Row *mp = find(r.layer, "marlin_plain", "fp16", r.M, false);
+        char sm[16] = "-", bf[16] = "-", au[16] = "-", mu[16] = "-", sc[16] = "-", pl[16] = "-";
+        if (mp) snprintf(pl, sizeof pl, "%.2f", mp->us / m->us);
         if (s) snprintf(sm, sizeof sm, "%.2f", s->us / m->us);
         if (b) snprintf(bf, sizeof bf, "%.2f", b->us / m->us);
         if (as) snprintf(au, sizeof au, "%.1f", as->us);
         if (ms) snprintf(mu, sizeof mu, "%.1f", ms->us);
         if (ms) snprintf(sc, sizeof sc, "%.2f", ms->us / r.us);
-        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %9s %8s\n", r.layer.c_str(), r.M,
-               r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm, bf,
-               au, mu, sc);
+        printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %9s %8s %9s\n", r.layer.c_str(),
+               r.M, r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm,
+               bf, au, mu, sc, pl);
     }
 }
 
@@ -349,8 +358,8 @@ void write_json() {
     }
     fprintf(f, "{\n  \"device\": \"%s\",\n  \"profile\": \"%s\",\n  \"w4a16_version\": \"%s\",\n", dev.info.name,
             dev.info.profile, w4a16_version_string());
-    fprintf(f, "  \"copy_tbps\": %.4f,\n  \"cublas_fp16_tflops\": %.2f,\n  \"group_size\": %d,\n  \"rows\": [\n",
-            dev.copy_tbps, dev.cublas_tflops, opt.group);
+    fprintf(f, "  \"copy_tbps\": %.4f,\n  \"cublas_fp16_tflops\": %.2f,\n  \"group_size\": %d,\n  \"pdl\": %s,\n  \"rows\": [\n",
+            dev.copy_tbps, dev.cublas_tflops, opt.group, opt.pdl ? "true" : "false");
     for (size_t i = 0; i < rows.size(); i++) {
         const Row &r = rows[i];
         fprintf(f,
@@ -374,6 +383,7 @@ bool parse_flag(const char *arg) {
     else if ((v = val("--bf16"))) opt.bf16 = atoi(v) != 0;
     else if ((v = val("--sm120"))) opt.sm120 = atoi(v) != 0;
     else if ((v = val("--settle"))) opt.settle = atoi(v) != 0;
+    else if ((v = val("--pdl"))) opt.pdl = atoi(v) != 0;
     else if ((v = val("--group"))) opt.group = atoi(v);
     else if ((v = val("--layers"))) opt.layers = v;
     else if ((v = val("--json"))) opt.json = v;

@@ -57,6 +57,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
     a.layout = layout;
     a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
     a.reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0;
+    a.pdl = (flags & W4A16_FLAG_PDL) != 0 && st->pdl;
     a.counters = workspace;
     a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
     a.stream = stream;
@@ -135,9 +136,9 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
 }
 
 static w4a16_status check_flags(unsigned flags) {
-    if (flags & ~W4A16_FLAG_REDUCE_IN_DTYPE)
-        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "flags=0x%x has unknown bits (known: 0x%x)", flags,
-                          W4A16_FLAG_REDUCE_IN_DTYPE);
+    const unsigned known = W4A16_FLAG_REDUCE_IN_DTYPE | W4A16_FLAG_PDL;
+    if (flags & ~known)
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "flags=0x%x has unknown bits (known: 0x%x)", flags, known);
     return W4A16_OK;
 }
 

@@ -170,6 +170,7 @@ static void init_state(int device, w4a16_device_state *st) {
     int arch = prop.major * 10 + prop.minor;
     st->sm_count = prop.multiProcessorCount;
     st->smem_optin = prop.sharedMemPerBlockOptin;
+    st->pdl = prop.major >= 9;
     if (arch < 80) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
         snprintf(st->reason, sizeof st->reason,

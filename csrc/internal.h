@@ -48,6 +48,7 @@ typedef struct w4a16_device_state {
     size_t smem_optin;
     const w4a16_profile *profile;
     int wgmma;           /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
+    int pdl;             /* programmatic dependent launch exists (compute capability 9.0 and up): W4A16_FLAG_PDL */
 } w4a16_device_state;
 
 /* The state of the current device; on error the status is recorded with its message and returned. */

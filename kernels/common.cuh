@@ -42,6 +42,21 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
+// Programmatic dependent launch (sm_90+; compiled out below sm_90, and no-ops in a grid launched without it):
+// launch_dependents lets the next kernel of the stream, when it was launched with programmatic stream serialization,
+// start before this grid ends; wait blocks until every grid this one depends on has completed and its memory is
+// visible. A kernel may read only data that no such grid writes (the weights, W4A16_FLAG_PDL) before its wait.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Four 8x8 b16 matrices in the exact register layout of an m16n8k16 A fragment.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

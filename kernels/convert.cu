@@ -208,6 +208,7 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     g.partials = static_cast<float4 *>(a->partials);
     g.marlin_channelwise = a->marlin_channelwise;
     g.reduce_dtype = a->reduce_dtype;
+    g.pdl = a->pdl;
     cudaStream_t s = static_cast<cudaStream_t>(a->stream);
     const int which = a->dtype * 2 + a->layout;
     if (a->wgmma) {

@@ -42,7 +42,24 @@ struct GemmArgs {
     float4 *partials;    // workspace: split partial sums
     int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
     int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
+    int pdl;                // launched with programmatic dependent launch (W4A16_FLAG_PDL): weights read before pdl_wait
 };
+
+// Host: launches a GEMM kernel, with programmatic stream serialization when a.pdl (W4A16_FLAG_PDL, sm_90+).
+template <typename Kernel>
+cudaError_t launch_gemm_grid(Kernel kern, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, const GemmArgs &a) {
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = dim3(threads);
+    c.dynamicSmemBytes = smem_bytes;
+    c.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = a.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&c, kern, a);
+}
 
 // ---- pieces both GEMM kernels (this one and gemm_sm90.cuh) share
 
@@ -67,10 +84,28 @@ template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
         at.plan(static_cast<const T *>(p.A), p.M, p.K, m0, k_begin, tid);
         wt.plan(p.B, static_cast<const T *>(p.scales), p.zeros, p.N, n0, k_begin, slots_used, tid);
     }
-    // Copies k-tile kt into the stage buffer `st`.
-    __device__ __forceinline__ void issue(const GemmArgs &p, unsigned char *st, int kt, int n0, int tid) {
-        at.issue(st, static_cast<const T *>(p.A), p.K);
+    // Copies k-tile kt into the stage buffer `st`: the weights with their group rows, then the activations (the
+    // activation plan advances by BK per call: k-tiles in order).
+    __device__ __forceinline__ void issue_w(const GemmArgs &p, unsigned char *st, int kt) {
         wt.issue(st + ATile::BYTES, p.B, p.N, p.K, kt * BK, gshift, g_last);
+    }
+    __device__ __forceinline__ void issue_a(const GemmArgs &p, unsigned char *st) {
+        at.issue(st, static_cast<const T *>(p.A), p.K);
+    }
+    __device__ __forceinline__ void issue(const GemmArgs &p, unsigned char *st, int kt) {
+        issue_w(p, st, kt);
+        issue_a(p, st);
+    }
+    // The first `count` k-tiles from kt0 into consecutive buffers of `bytes` from `st`, one commit group each: all
+    // their weights first, then pdl_wait() (the grids this one depends on may write A and C), then the activations.
+    __device__ __forceinline__ void prologue(const GemmArgs &p, unsigned char *st, int bytes, int kt0, int count,
+                                             int groups) {
+        for (int s = 0; s < count; s++) issue_w(p, st + s * bytes, kt0 + s);
+        pdl_wait();
+        for (int s = 0; s < groups; s++) {
+            if (s < count) issue_a(p, st + s * bytes);
+            cp_async_commit();
+        }
     }
 };
 
@@ -94,7 +129,7 @@ template <typename T> __device__ __forceinline__ float4 load_partial(const float
     return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
 }
 // The cp.async pipeline of the mma.sync kernels: `stages` buffers of BYTES in a ring, advanced by pointer (no run-time
-// modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2; step(i) waits for k-tile i, makes it
+// modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2 (and holds the block's pdl_wait); step(i) waits for k-tile i, makes it
 // visible to the block (one barrier), issues k-tile i + stages - 1 into the buffer k-tile i - 1 used, and returns
 // k-tile i's buffer. issue(j, buffer) copies k-tile j of the block's range.
 template <int BYTES> struct StageRing {
@@ -104,11 +139,10 @@ template <int BYTES> struct StageRing {
     __device__ __forceinline__ StageRing(unsigned char *smem, int stages_, int nk_)
         : base(smem), end(smem + stages_ * BYTES), cur(smem), pf(smem + (stages_ - 1) * BYTES), stages(stages_), nk(nk_) {}
     __device__ __forceinline__ unsigned char *next(unsigned char *b) const { return b + BYTES == end ? base : b + BYTES; }
-    template <typename Issue> __device__ __forceinline__ void prologue(Issue issue) {
-        for (int s = 0; s < stages - 1; s++) {
-            if (s < nk) issue(s, base + s * BYTES);
-            cp_async_commit();
-        }
+    // k-tiles 0 .. stages - 2 of the block's range [kt_begin, kt_begin + nk), weights before pdl_wait().
+    template <typename Copy>
+    __device__ __forceinline__ void prologue(Copy &copy, const GemmArgs &p, int kt_begin) {
+        copy.prologue(p, base, BYTES, kt_begin, min(stages - 1, nk), stages - 1);
     }
     template <typename Issue> __device__ __forceinline__ const unsigned char *step(int i, Issue issue) {
         cp_async_wait_dyn(stages - 2);
@@ -269,8 +303,8 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
 
     // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
     StageRing<STAGE_BYTES> ring(smem, stages, nk);
-    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j, n0, tid); };
-    ring.prologue(issue);
+    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j); };
+    ring.prologue(copy, p, kt_begin);
     int cur_group = -1;
     for (int i = 0; i < nk; i++) {
         const unsigned char *st = ring.step(i, issue);
@@ -302,6 +336,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         }
     }
     cp_async_wait_all();
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
 
     // ---- K-split warps: add partial sums through shared memory
     const int warp_mn = warp % WMN;
@@ -388,8 +423,7 @@ cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStrea
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);
-    kern<<<grid, 32 * WM * NH * WN * WK, smem_bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_gemm_grid(kern, grid, 32 * WM * NH * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
 
     // ---- main loop: as gemm_kernel's (one barrier per stage, the next stage's copies issued first)
     StageRing<STAGE_BYTES> ring(smem, stages, nk);
-    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j, n0, tid); };
-    ring.prologue(issue);
+    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j); };
+    ring.prologue(copy, p, kt_begin);
     for (int i = 0; i < nk; i++) {
         const unsigned char *st = ring.step(i, issue);
         const int k0 = (kt_begin + i) * BK;
@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
         }
     }
     cp_async_wait_all();
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
 
     // ---- K-split warps: add partial sums through shared memory
     constexpr int F4 = 4 * TB; // float4 per lane
@@ -266,8 +267,7 @@ cudaError_t launch_gemm_decode(const GemmArgs &a, int splits, int smem_bytes, cu
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((a.M + 15) / 16, (a.N + 64 * WN - 1) / (64 * WN), splits);
-    kern<<<grid, 32 * WN * WK, smem_bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_gemm_grid(kern, grid, 32 * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -71,14 +71,11 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     StageCopy<T, ATile, WTile, BK> copy;
     copy.plan(p, m0, n0, kt_begin * BK, tid);
     const int gshift = copy.gshift, g_last = copy.g_last;
-    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt, n0, tid); };
+    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt); };
 
     float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
 
-    for (int s = 0; s < AHEAD; s++) {
-        if (s < nk) load_stage(kt_begin + s, s);
-        cp_async_commit();
-    }
+    copy.prologue(p, smem, STAGE_BYTES, kt_begin, min(AHEAD, nk), AHEAD);
     // A fragments of a stage's wgmma batches (KPB k16 steps each): [batch][k16 step][wgmma x 4 registers]
     uint32_t a[NBATCH][KPB][4 * II];
 #pragma unroll
@@ -138,6 +135,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
             wgmma_commit();
         }
     } while (++i < nk);
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
     wgmma_wait<0>();
 #pragma unroll
     for (int ii = 0; ii < II; ii++) fence_operands(acc[ii]);
@@ -191,8 +189,7 @@ cudaError_t launch_gemm_sm90(const GemmArgs &a, int splits, cudaStream_t stream)
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((a.M + TM - 1) / TM, (a.N + Shape::BN - 1) / Shape::BN, splits);
-    kern<<<grid, Shape::THREADS, smem_bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_gemm_grid(kern, grid, Shape::THREADS, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

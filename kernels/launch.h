@@ -21,6 +21,7 @@ typedef struct w4a16_gemm_launch {
     int smem_bytes;
     int marlin_channelwise;
     int reduce_dtype;        /* W4A16_FLAG_REDUCE_IN_DTYPE */
+    int pdl;                 /* W4A16_FLAG_PDL on a device that has it (compute capability 9.0 and up) */
     int wgmma;               /* 1 + id of W4A16_WGMMA_CONFIGS: the sm_90a wgmma kernel (cfg, stages, smem_bytes unused) */
     void *counters, *partials; /* workspace parts; unused when splits == 1 */
     void *stream;

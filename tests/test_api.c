@@ -116,6 +116,10 @@ static void test_awq_gemm_validation(void **state) {
            "flags=0x6 has unknown bits");
     EXPECT(w4a16_marlin_gemm_ex(bufA, W, bufS, NULL, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 0x80u, NULL),
            W4A16_ERR_INVALID_VALUE, "flags=0x80");
+    /* both known flags pass the flag check: the next check (the group size) answers */
+    EXPECT(w4a16_awq_gemm_ex(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 48, H, NULL, 0,
+                             W4A16_FLAG_PDL | W4A16_FLAG_REDUCE_IN_DTYPE, NULL),
+           W4A16_ERR_UNSUPPORTED_GROUP_SIZE, "group_size=48");
 }
 
 static void test_marlin_gemm_validation(void **state) {

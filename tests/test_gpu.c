@@ -725,6 +725,89 @@ static void test_reduce_in_dtype(void **state) {
     printf("  reduce in the output dtype: within tolerance, deterministic, workspace zeroed\n");
 }
 
+/* W4A16_FLAG_PDL: a chain of GEMMs, each reading the previous one's output as A (alternately the AWQ and the Marlin
+ * path, one workspace), launched back to back with the flag, must give bit for bit the outputs of the same chain
+ * without it; every output is poisoned with NaN first, so a GEMM that read its A before the previous one had written
+ * it, or left an output unwritten, fails. Decode, split-K, mid and large tiles; once more inside a CUDA graph. */
+static void test_selfref_pdl_chain(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    enum { R = 6 };
+    const int dims[] = {1024, 4096};
+    const int ms[] = {1, 5, 16, 40, 300};
+    cudaStream_t st;
+    GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    int cases = 0;
+    for (int d = 0; d < 2; d++)
+        for (int di = 0; di < (quick ? 1 : 2); di++) {
+            const int K = dims[di], N = K;
+            w4a16_dtype dt = dtypes[d];
+            gpu_layer L[2];
+            for (int l = 0; l < 2; l++) gpu_layer_make(&L[l], K, N, 128, dt, 0, 1, &seed);
+            for (int mi = 0; mi < 5; mi++) {
+                const int M = ms[mi];
+                const size_t bytes = (size_t)2 * M * K;
+                uint16_t *h0 = malloc(bytes), *ref = malloc(bytes * (R + 1)), *got = malloc(bytes * (R + 1));
+                fill_random_half(h0, (size_t)M * K, -1.f, 1.f, dt, &seed);
+                void *C = gpu_alloc(bytes * (R + 1)); /* C_0 = A, C_i = GEMM_i(C_{i-1}) */
+                cudaGraph_t graph = NULL;
+                cudaGraphExec_t exec = NULL;
+                for (int run = 0; run < 4; run++) { /* 0: plain; 1, 2: PDL; 3: PDL in a captured graph */
+                    GPU_CHECK(cudaMemcpy(C, h0, bytes, cudaMemcpyHostToDevice));
+                    GPU_CHECK(cudaMemset((char *)C + bytes, 0xFF, bytes * R));
+                    GPU_CHECK(cudaDeviceSynchronize());
+                    const unsigned flags = run ? W4A16_FLAG_PDL : 0u;
+                    if (run == 3) GPU_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                    for (int i = 1; i <= R; i++) {
+                        const gpu_layer *l = &L[i % 2];
+                        const void *A = (char *)C + (i - 1) * bytes;
+                        void *Ci = (char *)C + i * bytes;
+                        if (i % 2)
+                            W4_CHECK(w4a16_awq_gemm_ex(A, l->qweight, l->scales, l->qzeros, NULL, Ci, M, N, K, 128, dt,
+                                                       workspace, workspace_bytes, flags, st));
+                        else
+                            W4_CHECK(w4a16_marlin_gemm_ex(A, l->mweight, l->mscales, l->mzeros, NULL, Ci, M, N, K, 128,
+                                                          dt, workspace, workspace_bytes, flags, st));
+                    }
+                    if (run == 3) {
+                        GPU_CHECK(cudaStreamEndCapture(st, &graph));
+                        GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                        GPU_CHECK(cudaGraphLaunch(exec, st));
+                    }
+                    GPU_CHECK(cudaStreamSynchronize(st));
+                    GPU_CHECK(cudaMemcpy(run ? got : ref, C, bytes * (R + 1), cudaMemcpyDeviceToHost));
+                    if (run == 0) {
+                        for (size_t e = 0; e < (size_t)M * K * (R + 1); e++) {
+                            float v = w4a16_ref_to_float(ref[e], dt);
+                            if (!isfinite(v))
+                                fail_msg("PDL chain M=%d K=%d: plain run output %zu of GEMM %zu is %g", M, K,
+                                         e % ((size_t)M * K), e / ((size_t)M * K), v);
+                        }
+                    } else if (memcmp(ref, got, bytes * (R + 1)) != 0) {
+                        size_t e = 0;
+                        while (ref[e] == got[e]) e++;
+                        fail_msg("PDL chain %s M=%d K=%d run %d: GEMM %zu output %zu is %g, %g without the flag",
+                                 dt == W4A16_BF16 ? "bf16" : "fp16", M, K, run, e / ((size_t)M * K),
+                                 e % ((size_t)M * K), w4a16_ref_to_float(got[e], dt), w4a16_ref_to_float(ref[e], dt));
+                    }
+                }
+                int *cnt = malloc((size_t)4 * sm_count * sizeof(int));
+                GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
+                for (int i = 0; i < 4 * sm_count; i++) assert_int_equal(cnt[i], 0);
+                free(cnt);
+                cases++;
+                GPU_CHECK(cudaGraphExecDestroy(exec));
+                GPU_CHECK(cudaGraphDestroy(graph));
+                cudaFree(C);
+                free(h0); free(ref); free(got);
+            }
+            for (int l = 0; l < 2; l++) gpu_layer_free(&L[l]);
+        }
+    cudaStreamDestroy(st);
+    printf("  PDL chains: %d shapes x %d GEMMs, twice on a stream and once in a graph: bit-identical to plain launches\n",
+           cases, R);
+}
+
 /* A launch the CUDA runtime rejects is reported by the call that made it, never left for the caller's next CUDA
  * call: a kernel on the legacy default stream while a blocking stream captures in global mode fails with
  * cudaErrorStreamCaptureImplicit. Afterwards the next valid call works. */
@@ -934,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_current_device),
         cmocka_unit_test(test_selfref_workspace_too_small),
         cmocka_unit_test(test_selfref_streams_and_graphs),
+        cmocka_unit_test(test_selfref_pdl_chain),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

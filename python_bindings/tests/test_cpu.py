@@ -39,6 +39,17 @@ def test_error_is_exception_with_message():
     assert "A is NULL" in str(e.value) and "w4a16_awq_gemm" in str(e.value)
 
 
+def test_gemm_flags():
+    fake = 1 << 20  # aligned, never dereferenced: validation fails first
+    with pytest.raises(w4a16.W4A16Error) as e:  # an unknown bit
+        w4a16.marlin_gemm(fake, fake, fake, 0, 0, fake, 1, 64, 128, 128, w4a16.FP16, 0, 0, flags=4)
+    assert e.value.status == 8 and "flags=0x4 has unknown bits" in e.value.detail
+    with pytest.raises(w4a16.W4A16Error) as e:  # both known flags pass; the group size is checked next
+        w4a16.awq_gemm(fake, fake, fake, fake, 0, fake, 1, 64, 128, 48, w4a16.FP16, 0, 0,
+                       flags=w4a16.FLAG_PDL | w4a16.FLAG_REDUCE_IN_DTYPE)
+    assert e.value.status == 4 and "group_size=48" in e.value.detail
+
+
 @pytest.mark.parametrize("kwargs,status,text", [
     (dict(N=100), 3, "N=100 must be a positive multiple of 64"),
     (dict(K=4000), 3, "K=4000 is not a multiple of group_size=128"),

@@ -3,14 +3,14 @@
 `w4a16` itself is framework-free (ctypes over libw4a16, raw device pointers); `w4a16.torch` adds PyTorch ops
 (torch custom ops with fake implementations, usable under torch.compile and CUDA graphs) and AWQLinear;
 `w4a16.formats` holds numpy implementations of the AWQ / GPTQ / Marlin packing formats."""
-from ._lib import (BF16, FP16, STATUS_NAMES, LibraryNotFound, W4A16Error, awq_dequantize, awq_gemm, compiled_archs,
+from ._lib import (BF16, FLAG_PDL, FLAG_REDUCE_IN_DTYPE, FP16, STATUS_NAMES, LibraryNotFound, W4A16Error, awq_dequantize, awq_gemm, compiled_archs,
                    device_info, force_profile, last_error_message, library_path, marlin_awq_zero_points, marlin_gemm,
                    marlin_permute_scales, marlin_repack_awq, marlin_repack_gptq, profile_names, status_string,
                    version, version_number, workspace_size, workspace_size_staged)
 
 __version__ = version()
 __all__ = [
-    "BF16", "FP16", "STATUS_NAMES", "LibraryNotFound", "W4A16Error", "awq_dequantize", "awq_gemm", "compiled_archs",
+    "BF16", "FLAG_PDL", "FLAG_REDUCE_IN_DTYPE", "FP16", "STATUS_NAMES", "LibraryNotFound", "W4A16Error", "awq_dequantize", "awq_gemm", "compiled_archs",
     "device_info", "force_profile", "last_error_message", "library_path", "marlin_awq_zero_points", "marlin_gemm",
     "marlin_permute_scales", "marlin_repack_awq", "marlin_repack_gptq", "profile_names", "status_string", "version",
     "version_number", "workspace_size", "workspace_size_staged",

@@ -9,6 +9,8 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 FP16, BF16 = 0, 1
+# GEMM flags (w4a16.h): round split-K partials to the output dtype; programmatic dependent launch (sm_90+)
+FLAG_REDUCE_IN_DTYPE, FLAG_PDL = 1, 2
 
 # Mirrors W4A16_STATUS_LIST in include/w4a16.h (values never change meaning); the sentences come from the library.
 STATUS_NAMES = {
@@ -77,6 +79,8 @@ _P, _I, _Z = _c.c_void_p, _c.c_int, _c.c_size_t
 _SIGS = {
     "w4a16_awq_gemm": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _Z, _P],
     "w4a16_marlin_gemm": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _Z, _P],
+    "w4a16_awq_gemm_ex": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _Z, _c.c_uint, _P],
+    "w4a16_marlin_gemm_ex": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _Z, _c.c_uint, _P],
     "w4a16_awq_dequantize": [_P, _P, _P, _P, _I, _I, _I, _I, _P],
     "w4a16_marlin_repack_awq": [_P, _P, _I, _I, _P],
     "w4a16_marlin_repack_gptq": [_P, _P, _P, _I, _I, _P],
@@ -168,14 +172,17 @@ def _call(name, *args):
 
 
 # ---- raw operations: pointers and streams are ints (0 / None = NULL / default stream)
-def awq_gemm(A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0):
-    _call("w4a16_awq_gemm", A, qweight, scales, qzeros, bias or None, C, M, N, K, group_size, dtype,
-          workspace or None, workspace_bytes, stream or None)
+# flags: FLAG_REDUCE_IN_DTYPE | FLAG_PDL (the *_ex entry points of w4a16.h; 0 is the plain call)
+def awq_gemm(A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
+             flags=0):
+    _call("w4a16_awq_gemm_ex", A, qweight, scales, qzeros, bias or None, C, M, N, K, group_size, dtype,
+          workspace or None, workspace_bytes, flags, stream or None)
 
 
-def marlin_gemm(A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0):
-    _call("w4a16_marlin_gemm", A, weight, scales, zeros or None, bias or None, C, M, N, K, group_size, dtype,
-          workspace or None, workspace_bytes, stream or None)
+def marlin_gemm(A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
+                flags=0):
+    _call("w4a16_marlin_gemm_ex", A, weight, scales, zeros or None, bias or None, C, M, N, K, group_size, dtype,
+          workspace or None, workspace_bytes, flags, stream or None)
 
 
 def awq_dequantize(qweight, scales, qzeros, W, K, N, group_size, dtype, stream=0):
