@@ -34,8 +34,10 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
  * The decode config takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
  * take one stage less for the larger tiles. The sm90 profile's unsplit decode tile is cfg5 with 3 stages (2 blocks/SM):
  * with the decode kernel of gemm_decode.cuh, whose per-stage work is the larger share, it measured 7% faster than cfg0
- * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages, or 3 for the split tile, were not
- * better. Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
+ * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages were not better. Its split tile
+ * (cfg5 x 3 as well, 2 blocks/SM, so fewer K splits) was level without programmatic dependent launch and measured
+ * 6-17% faster on the o / down layers with it (qwen2.5-72b.o 21.6 -> 17.9 us, docs/PERFORMANCE.md v18).
+ * Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
  * Mid M on wide layers (the mid tile's blocks alone fill every SM) takes the 4-warp 64x128 tile (`mid_wide`):
  * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
  * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
@@ -46,7 +48,7 @@ static const w4a16_profile profiles[] = {
     {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
     {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
     {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-    {"sm90", 90, "sm80", 32, 64, 256, {5, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 17, 129, W4A16_SM90_STAGED_MIN_M},
+    {"sm90", 90, "sm80", 32, 64, 256, {5, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 3}, {4, 5}, 17, 129, W4A16_SM90_STAGED_MIN_M},
     {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
     {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
     {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
