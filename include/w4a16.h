@@ -175,8 +175,8 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
 /* W4A16_FLAG_PDL: launch with programmatic dependent launch (compute capability 9.0 and up; ignored below). The
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,
  * scales, zero points) at once and waits for that kernel to finish before it reads A or the bias or writes C or the
- * workspace, and it lets the next kernel, if that one was launched the same way, start early in turn. Saves about
- * 2-3 us per GEMM when GEMMs follow each other (docs/PERFORMANCE.md v18). The caller promises that the weight tensors
+ * workspace, and it lets the next kernel, if that one was launched the same way, start early in turn (after its own
+ * main loop). Saved 1-3 us per GEMM on an H100 when GEMMs follow each other (docs/PERFORMANCE.md v18). The caller promises that the weight tensors
  * are not written by any kernel that can still be running when this call's kernel starts: do not pass the flag on
  * the first GEMM after the kernels that convert or load its weights unless a plain launch, a synchronisation or an
  * event wait lies in between (once the weights are loaded, as in serving, this holds). The staged large-M path

@@ -58,6 +58,35 @@ def test_awq_and_marlin_vs_matmul(dtype, M, G):
     assert (ms.cpu() == torch.from_numpy(formats.marlin_permute_scales(s.float().cpu().numpy(), K, N, G)).to(dtype)).all()
 
 
+@pytest.mark.parametrize("M", [1, 16, 40, 300])
+def test_pdl_chain_is_bit_identical(M):
+    # each GEMM reads the previous one's output: with programmatic dependent launch the chain must not change a bit
+    K = N = 1024
+    layers = [make_awq(K, N, 128, torch.float16) for _ in range(2)]
+    marlin = [(wt.awq_marlin_repack(qw, K, N, 4), wt.marlin_permute_scales(s, K, N, 128),
+               wt.awq_to_marlin_zero_points(qz, K // 128, N, 4)) for qw, qz, s in layers]
+    torch.cuda.synchronize()
+    x0 = torch.randn(M, K, device="cuda").to(torch.float16)
+
+    def chain():
+        x = x0
+        for i in range(6):
+            qw, qz, s = layers[i % 2]
+            mw, ms, mz = marlin[i % 2]
+            x = wt.awq_gemm(x, qw, s, qz, 8) if i % 2 else wt.marlin_gemm(x, mw, ms, mz, None, M, N, K)
+        return x
+
+    previous = wt.use_pdl(False)
+    try:
+        plain = chain()
+        wt.use_pdl(True)
+        with_pdl = chain()
+    finally:
+        wt.use_pdl(previous)
+    assert torch.isfinite(plain.float()).all()
+    assert torch.equal(plain, with_pdl)
+
+
 def test_gptq_marlin_symmetric():
     K, N, G = 512, 256, 128
     q = np.random.randint(0, 16, size=(K, N), dtype=np.uint8)

@@ -3,7 +3,12 @@ graphs capture them) on the current CUDA stream, with vLLM's signatures where vL
 
 Every op checks device, dtype, shape and contiguity before calling the library, allocates its output with torch,
 and uses one zero-initialised workspace per device (allocated on first use: call `prepare()` before capturing a
-CUDA graph)."""
+CUDA graph).
+
+Programmatic dependent launch (W4A16_FLAG_PDL in w4a16.h; sm_90+): `use_pdl(True)`, or W4A16_PDL=1 in the environment
+at import, makes the GEMM ops let each GEMM start while the previous kernel finishes. Turn it on only once the weights
+are loaded and converted (the flag's contract: no kernel that may still be running writes them)."""
+import os
 from typing import Optional
 
 import torch
@@ -13,6 +18,15 @@ from . import _lib
 
 _DT = {torch.float16: _lib.FP16, torch.bfloat16: _lib.BF16}
 _workspaces = {}
+_flags = _lib.FLAG_PDL if os.environ.get("W4A16_PDL") == "1" else 0
+
+
+def use_pdl(enabled: bool = True):
+    """Launch the GEMM ops with programmatic dependent launch (see the module doc); returns the previous setting."""
+    global _flags
+    previous = bool(_flags & _lib.FLAG_PDL)
+    _flags = (_flags | _lib.FLAG_PDL) if enabled else (_flags & ~_lib.FLAG_PDL)
+    return previous
 
 
 def _dev_index(t):
@@ -70,7 +84,8 @@ def awq_gemm(input: Tensor, qweight: Tensor, scales: Tensor, qzeros: Tensor, spl
     ws = prepare(input.device)
     with torch.cuda.device(_dev_index(input)):
         _lib.awq_gemm(input.data_ptr(), qweight.data_ptr(), scales.data_ptr(), qzeros.data_ptr(), 0, out.data_ptr(),
-                      M, N, K, _group(K, scales.shape[0]), _DT[input.dtype], ws.data_ptr(), ws.numel(), _stream(input))
+                      M, N, K, _group(K, scales.shape[0]), _DT[input.dtype], ws.data_ptr(), ws.numel(), _stream(input),
+                      flags=_flags)
     return out
 
 
@@ -206,7 +221,8 @@ def marlin_gemm(a: Tensor, b_q_weight: Tensor, b_scales: Tensor, b_zeros: Option
         _lib.marlin_gemm(a.data_ptr(), b_q_weight.data_ptr(), b_scales.data_ptr(),
                          b_zeros.data_ptr() if b_zeros is not None else 0,
                          b_bias.data_ptr() if b_bias is not None else 0, out.data_ptr(), size_m, size_n, size_k,
-                         _group(size_k, b_scales.shape[0]), _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a))
+                         _group(size_k, b_scales.shape[0]), _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a),
+                         flags=_flags)
     return out
 
 
