@@ -129,6 +129,10 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
          * (an SM holds the per-block opt-in limit + 1 KB, and each block reserves 1 KB) */
         int per_sm = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
         if (per_sm > cfg->minb) per_sm = cfg->minb;
+        /* the 16-token decode instance of Marlin fp16 is budgeted for 2 blocks (kernels/gemm_instance.cu) */
+        if (M > 8 && layout == W4A16_LAYOUT_MARLIN && dtype == W4A16_FP16 && cfg->mt == 1 && cfg->wm == 1 &&
+            cfg->nh == 1 && cfg->minb <= 3 && per_sm > 2)
+            per_sm = 2;
         if (per_sm < 1) per_sm = 1;
         a.splits = choose_splits(per_sm, tiles, num_kt, st->sm_count);
     }
