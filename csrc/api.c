@@ -5,12 +5,12 @@
 
 /* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
  * SM) idle; never more blocks than those slots (the workspace is sized for that), at most 16 splits, and every
- * split keeps at least 2 k-tiles. */
-static int choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count) {
+ * split keeps at least min_kt k-tiles. */
+static int choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt) {
     int slots = sm_count * blocks_per_sm;
     if (tiles * 2 > slots) return 1;
     int s = slots / tiles;
-    if (s > num_kt / 2) s = num_kt / 2;
+    if (s > num_kt / min_kt) s = num_kt / min_kt;
     if (s > 16) s = 16;
     return s < 1 ? 1 : s;
 }
@@ -95,7 +95,8 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
         const int tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
         const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
         a.wgmma = 1 + id;
-        if (workspace_bytes > 0) a.splits = choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count);
+        if (workspace_bytes > 0)
+            a.splits = choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count, 2);
         return launch_status(w4a16_launch_gemm(&a), op);
     }
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
@@ -134,7 +135,11 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
             cfg->nh == 1 && cfg->minb <= 3 && per_sm > 2)
             per_sm = 2;
         if (per_sm < 1) per_sm = 1;
-        a.splits = choose_splits(per_sm, tiles, num_kt, st->sm_count);
+        /* the deep decode tile (256 k per stage) keeps at least 4 stages per split: measured on the H100 with
+         * llama3-8b.qkv / .o (K = 4096, 48 / 32 tiles) at M <= 16, 4 splits instead of 5 / 8 were 5-11% / 2-17%
+         * faster, while llama3-8b.down (K = 14336) keeps its 8 (docs/PERFORMANCE.md v18) */
+        const int min_kt = cfg->mt == 1 && cfg->wm == 1 && cfg->nh == 1 && bk >= 256 ? 4 : 2;
+        a.splits = choose_splits(per_sm, tiles, num_kt, st->sm_count, min_kt);
     }
     return launch_status(w4a16_launch_gemm(&a), op);
 }
