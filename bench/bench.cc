@@ -5,7 +5,8 @@
 // time, TFLOP/s, GB/s, the floor and the ratio to it, and the ratio to cuBLAS fp16; a summary table per layer x M
 // and a JSON file close the run (bench/plot draws the PNG).
 //
-//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--settle=0|1] [--pdl=0|1] [--group=128] [--m=1,16,64] [--layers=substr]
+//   build/bench [--full] [--bf16=0|1] [--sm120=0|1] [--settle=0|1] [--pdl=0|1] [--group=128] [--m=1,16,64]
+//               [--layers=substr]
 //               [--json=build/bench_results.json] [Google Benchmark flags, e.g. --benchmark_filter=marlin]
 #include <benchmark/benchmark.h>
 

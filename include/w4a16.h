@@ -176,11 +176,11 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,
  * scales, zero points) at once and waits for that kernel to finish before it reads A or the bias or writes C or the
  * workspace, and it lets the next kernel, if that one was launched the same way, start early in turn (after its own
- * main loop). Saved 1-3 us per GEMM on an H100 when GEMMs follow each other (docs/PERFORMANCE.md v18). The caller promises that the weight tensors
- * are not written by any kernel that can still be running when this call's kernel starts: do not pass the flag on
- * the first GEMM after the kernels that convert or load its weights unless a plain launch, a synchronisation or an
- * event wait lies in between (once the weights are loaded, as in serving, this holds). The staged large-M path
- * (sm_90) launches plainly. */
+ * main loop). Saved 1-3 us per GEMM on an H100 when GEMMs follow each other (docs/PERFORMANCE.md v18). The caller
+ * promises that the weight tensors are not written by any kernel that can still be running when this call's kernel
+ * starts: do not pass the flag on the first GEMM after the kernels that convert or load its weights unless a plain
+ * launch, a synchronisation or an event wait lies in between (once the weights are loaded, as in serving, this
+ * holds). The staged large-M path (sm_90) launches plainly. */
 #define W4A16_FLAG_PDL 2u
 W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales,
                                          const int32_t *qzeros, const void *bias, void *C, int M, int N, int K,

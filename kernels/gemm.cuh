@@ -42,12 +42,13 @@ struct GemmArgs {
     float4 *partials;    // workspace: split partial sums
     int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
     int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
-    int pdl;                // launched with programmatic dependent launch (W4A16_FLAG_PDL): weights read before pdl_wait
+    int pdl;                // programmatic dependent launch (W4A16_FLAG_PDL): weights are read before pdl_wait
 };
 
 // Host: launches a GEMM kernel, with programmatic stream serialization when a.pdl (W4A16_FLAG_PDL, sm_90+).
 template <typename Kernel>
-cudaError_t launch_gemm_grid(Kernel kern, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, const GemmArgs &a) {
+cudaError_t launch_gemm_grid(Kernel kern, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                             const GemmArgs &a) {
     cudaLaunchConfig_t c = {};
     c.gridDim = grid;
     c.blockDim = dim3(threads);
@@ -129,9 +130,9 @@ template <typename T> __device__ __forceinline__ float4 load_partial(const float
     return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
 }
 // The cp.async pipeline of the mma.sync kernels: `stages` buffers of BYTES in a ring, advanced by pointer (no run-time
-// modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2 (and holds the block's pdl_wait); step(i) waits for k-tile i, makes it
-// visible to the block (one barrier), issues k-tile i + stages - 1 into the buffer k-tile i - 1 used, and returns
-// k-tile i's buffer. issue(j, buffer) copies k-tile j of the block's range.
+// modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2 (and holds the block's pdl_wait);
+// step(i) waits for k-tile i, makes it visible to the block (one barrier), issues k-tile i + stages - 1 into the
+// buffer k-tile i - 1 used, and returns k-tile i's buffer. issue(j, buffer) copies k-tile j of the block's range.
 template <int BYTES> struct StageRing {
     unsigned char *const base, *const end;
     unsigned char *cur, *pf;
