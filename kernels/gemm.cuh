@@ -219,17 +219,46 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
     for (int s = 0; s < NSLOT; s++)
         if (live(s)) store_partial<T>(mine + s * stride, slot(s), p.reduce_dtype);
     if (!last_arrival(p.counters, tile, splits, tid, sync)) return false;
+    if constexpr (NSLOT <= 8) {
+        // U splits' partials of every slot are loaded before any is added, so that U x NSLOT (16) loads are in flight
+        // instead of one chain per slot paying the L2 latency once per split (v18). The sums build up in the slots
+        // themselves (no second set of registers) and in split order (deterministic).
+        constexpr int U = 16 / NSLOT > 4 ? 4 : 16 / NSLOT;
 #pragma unroll
-    for (int s = 0; s < NSLOT; s++)
-        if (live(s)) {
-            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
-                float4 v = load_partial<T>(all + (size_t)sp * tile_f4 + s * stride, p.reduce_dtype);
-                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-            }
+        for (int s = 0; s < NSLOT; s++) {
             float *x = slot(s);
-            x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
+            x[0] = x[1] = x[2] = x[3] = 0.f;
         }
+        for (int sp0 = 0; sp0 < splits; sp0 += U) {
+            float4 v[U][NSLOT];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int s = 0; s < NSLOT; s++)
+                    if (sp0 + u < splits && live(s))
+                        v[u][s] = load_partial<T>(all + (size_t)(sp0 + u) * tile_f4 + s * stride, p.reduce_dtype);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int s = 0; s < NSLOT; s++)
+                    if (sp0 + u < splits && live(s)) {
+                        float *x = slot(s);
+                        x[0] += v[u][s].x; x[1] += v[u][s].y; x[2] += v[u][s].z; x[3] += v[u][s].w;
+                    }
+        }
+    } else { // enough slots for as many loads in flight
+#pragma unroll
+        for (int s = 0; s < NSLOT; s++)
+            if (live(s)) {
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
+                    float4 v = load_partial<T>(all + (size_t)sp * tile_f4 + s * stride, p.reduce_dtype);
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                float *x = slot(s);
+                x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
+            }
+    }
     return true;
 }
 
