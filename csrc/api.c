@@ -6,7 +6,7 @@
 /* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
  * SM) idle; never more blocks than those slots (the workspace is sized for that), at most 16 splits, and every
  * split keeps at least min_kt k-tiles. */
-static int choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt) {
+int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt) {
     int slots = sm_count * blocks_per_sm;
     if (tiles * 2 > slots) return 1;
     int s = slots / tiles;
@@ -96,7 +96,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
         const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
         a.wgmma = 1 + id;
         if (workspace_bytes > 0)
-            a.splits = choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count, 2);
+            a.splits = w4a16_choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count, 2);
         return launch_status(w4a16_launch_gemm(&a), op);
     }
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
@@ -139,7 +139,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
          * llama3-8b.qkv / .o (K = 4096, 48 / 32 tiles) at M <= 16, 4 splits instead of 5 / 8 were 5-11% / 2-17%
          * faster, while llama3-8b.down (K = 14336) keeps its 8 (docs/PERFORMANCE.md v18) */
         const int min_kt = cfg->mt == 1 && cfg->wm == 1 && cfg->nh == 1 && bk >= 256 ? 4 : 2;
-        a.splits = choose_splits(per_sm, tiles, num_kt, st->sm_count, min_kt);
+        a.splits = w4a16_choose_splits(per_sm, tiles, num_kt, st->sm_count, min_kt);
     }
     return launch_status(w4a16_launch_gemm(&a), op);
 }

@@ -61,6 +61,10 @@ W4A16_HIDDEN size_t w4a16_workspace_slab_offset(int sm_count); /* then the stage
 /* Channels per slab of the staged path for a workspace of `workspace_bytes` (csrc/api.c): N when the whole weight
  * fits, else a multiple of the dense tile's width; 0 when the slab would not give every SM a tile (or not fit). */
 W4A16_HIDDEN int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count);
+/* K splits across blocks (csrc/api.c) for `tiles` tiles of `num_kt` k-tiles on sm_count SMs holding blocks_per_sm
+ * blocks each: 1 when the tiles alone fill half the block slots; else at most the slots (tiles x splits <= slots:
+ * the workspace is sized for that), at most 16, and at least min_kt k-tiles per split. */
+W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

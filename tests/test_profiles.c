@@ -81,11 +81,37 @@ static void test_staged_slab_width(void **state) {
     assert_int_equal(w4a16_staged_slab_channels(4096, 4096, 4096, off + 127 * 4096 * 2, sms), 0); /* < one tile */
 }
 
+/* K splits (csrc/api.c): the cases of docs/PERFORMANCE.md v18 on the H100 (132 SMs, 2 blocks of the deep decode tile
+ * per SM, 256 k per k-tile), then the invariants over a grid of shapes: never more blocks than slots (the workspace
+ * holds that many partial tiles), at most 16 splits, every split at least min_kt k-tiles. */
+static void test_choose_splits(void **state) {
+    (void)state;
+    assert_int_equal(w4a16_choose_splits(2, 48, 16, 132, 4), 4);   /* llama3-8b.qkv: 5 slots' worth, 4 by k */
+    assert_int_equal(w4a16_choose_splits(2, 32, 16, 132, 4), 4);   /* llama3-8b.o: 8 slots' worth, 4 by k */
+    assert_int_equal(w4a16_choose_splits(2, 32, 56, 132, 4), 8);   /* llama3-8b.down: K = 14336 keeps 8 */
+    assert_int_equal(w4a16_choose_splits(2, 64, 116, 132, 4), 4);  /* qwen2.5-72b.down */
+    assert_int_equal(w4a16_choose_splits(2, 462, 32, 132, 4), 1);  /* qwen2.5-72b.gate_up fills the SMs */
+    assert_int_equal(w4a16_choose_splits(4, 8, 256, 132, 2), 16);  /* capped at 16 */
+    assert_int_equal(w4a16_choose_splits(4, 1, 3, 132, 2), 1);     /* one k-tile per split is not enough */
+    for (int bps = 1; bps <= 4; bps++)
+        for (int tiles = 1; tiles <= 600; tiles += 7)
+            for (int kt = 1; kt <= 300; kt += 11)
+                for (int min_kt = 2; min_kt <= 4; min_kt += 2) {
+                    const int s = w4a16_choose_splits(bps, tiles, kt, 132, min_kt);
+                    assert_in_range(s, 1, 16);
+                    if (s > 1) {
+                        assert_true((long)s * tiles <= 132L * bps);
+                        assert_true(kt / s >= min_kt);
+                    }
+                }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_profiles_fit_their_architecture),
         cmocka_unit_test(test_profiles_are_well_formed),
         cmocka_unit_test(test_staged_slab_width),
+        cmocka_unit_test(test_choose_splits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
