@@ -129,16 +129,15 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
         /* resident blocks per SM: the register budget of the config, or fewer where shared memory runs out first
          * (an SM holds the per-block opt-in limit + 1 KB, and each block reserves 1 KB) */
         int per_sm = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
-        if (per_sm > cfg->minb) per_sm = cfg->minb;
-        /* the 16-token decode instance of Marlin fp16 is budgeted for 2 blocks (kernels/gemm_instance.cu) */
-        if (M > 8 && layout == W4A16_LAYOUT_MARLIN && dtype == W4A16_FP16 && cfg->mt == 1 && cfg->wm == 1 &&
-            cfg->nh == 1 && cfg->minb <= 3 && per_sm > 2)
-            per_sm = 2;
+        /* the budget the instance was built for: the config's, or that of the decode kernel's 16-token instance */
+        const int decode = w4a16_cfg_is_decode(cfg);
+        const int minb = decode && M > 8 && cfg->minb <= 3 ? W4A16_DECODE16_MINB(cfg->minb, layout, dtype) : cfg->minb;
+        if (per_sm > minb) per_sm = minb;
         if (per_sm < 1) per_sm = 1;
         /* the deep decode tile (256 k per stage) keeps at least 4 stages per split: measured on the H100 with
          * llama3-8b.qkv / .o (K = 4096, 48 / 32 tiles) at M <= 16, 4 splits instead of 5 / 8 were 5-11% / 2-17%
          * faster, while llama3-8b.down (K = 14336) keeps its 8 (docs/PERFORMANCE.md v18) */
-        const int min_kt = cfg->mt == 1 && cfg->wm == 1 && cfg->nh == 1 && bk >= 256 ? 4 : 2;
+        const int min_kt = decode && bk >= 256 ? 4 : 2;
         a.splits = w4a16_choose_splits(per_sm, tiles, num_kt, st->sm_count, min_kt);
     }
     return launch_status(w4a16_launch_gemm(&a), op);

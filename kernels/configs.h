@@ -69,6 +69,14 @@ typedef struct w4a16_gemm_config {
     int mt, wm, nh, wn, wk, ks, minb;
 } w4a16_gemm_config;
 
+/* The 16-token configs (MT = WM = NH = 1) run the decode kernel of kernels/gemm_decode.cuh. */
+static inline int w4a16_cfg_is_decode(const w4a16_gemm_config *c) { return c->mt == 1 && c->wm == 1 && c->nh == 1; }
+/* Blocks per SM the decode kernel's 16-token instance (M 9-16, configs with MINB <= 3) is built for: 2 for the Marlin
+ * layout in fp16 (dtype 0), whose 40-byte spill under the 3-block budget this removes (docs/PERFORMANCE.md v18), the
+ * config's MINB otherwise. A macro, so that the kernel instances (constant expression) and the host's K-split count
+ * read the same rule. */
+#define W4A16_DECODE16_MINB(minb, layout, dtype) \
+    ((layout) == W4A16_LAYOUT_MARLIN && (dtype) == 0 && (minb) > 2 ? 2 : (minb))
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
 static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }
 static inline int w4a16_cfg_bk(const w4a16_gemm_config *c) { return 16 * c->wk * c->ks; }

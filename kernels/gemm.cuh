@@ -72,18 +72,20 @@ __device__ __forceinline__ int split_k_tiles(int num_kt, int *kt_begin) {
 }
 
 // The copies of one pipeline stage: activations (ActTile) then packed weights with their group rows (WeightTile),
-// through per-thread plans fixed for the whole K loop.
+// through per-thread plans fixed for the whole K loop, which is the block's K split: k-tiles [kt_begin, kt_begin + nk).
 template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
     ATile at;
     WTile wt;
+    int kt_begin, nk;               // this block's k-tiles (split_k_tiles)
     int gshift, g_last, slots_used; // group of row k = k >> gshift; last group; scale rows a stage touches
 
-    __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int k_begin, int tid) {
+    __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int tid) {
+        nk = split_k_tiles((p.K + BK - 1) / BK, &kt_begin);
         gshift = p.gshift;
         g_last = (p.K - 1) >> gshift;
         slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // stages start at multiples of BK: groups aligned
-        at.plan(static_cast<const T *>(p.A), p.M, p.K, m0, k_begin, tid);
-        wt.plan(p.B, static_cast<const T *>(p.scales), p.zeros, p.N, n0, k_begin, slots_used, tid);
+        at.plan(static_cast<const T *>(p.A), p.M, p.K, m0, kt_begin * BK, tid);
+        wt.plan(p.B, static_cast<const T *>(p.scales), p.zeros, p.N, n0, kt_begin * BK, slots_used, tid);
     }
     // Copies k-tile kt into the stage buffer `st`: the weights with their group rows, then the activations (the
     // activation plan advances by BK per call: k-tiles in order).
@@ -282,15 +284,14 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int M = p.M, N = p.N, K = p.K;
+    const int M = p.M, N = p.N;
     const int splits = gridDim.z;
-    int kt_begin;
-    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
     const int stages = p.stages;
 
-    // ---- producer: per-thread copy plans fixed for the whole K loop; each stage advances them by BK.
+    // ---- producer: the block's K split and per-thread copy plans fixed for it; each stage advances them by BK.
     StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, kt_begin * BK, tid);
+    copy.plan(p, m0, n0, tid);
+    const int kt_begin = copy.kt_begin, nk = copy.nk;
     const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
 
     float acc[MT][NB][4];

@@ -60,15 +60,13 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     const int wn = warp % WN, wk = warp / WN;
     const int t = lane & 3, g = lane >> 2;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int M = p.M, N = p.N, K = p.K;
+    const int M = p.M, N = p.N;
     const int splits = gridDim.z;
-    int kt_begin;
-    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin);
     const int stages = p.stages;
 
     StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, kt_begin * BK, tid);
-    const int gshift = copy.gshift, g_last = copy.g_last;
+    copy.plan(p, m0, n0, tid);
+    const int kt_begin = copy.kt_begin, nk = copy.nk, gshift = copy.gshift, g_last = copy.g_last;
 
     // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); cidx 2i + row indexes their constants.
     //   Marlin: blocks 2i, 2i + 1 (columns 16 i + g, 16 i + 8 + g); AWQ: blocks i, i + 4 (columns 8 g + 2i, 8 g + 2i + 1).

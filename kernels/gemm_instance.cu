@@ -13,10 +13,6 @@
 #endif
 
 namespace w4a16 {
-// Blocks per SM the 16-token decode instance is budgeted for: 2 for Marlin fp16 (see launch_tile and csrc/api.c).
-template <typename T, int LAYOUT> constexpr int decode16_minb(int minb) {
-    return LAYOUT == W4A16_LAYOUT_MARLIN && std::is_same<T, __half>::value && minb > 2 ? 2 : minb;
-}
 // The 16-token tiles (MT = WM = NH = 1) run the decode kernel (gemm_decode.cuh): 8 tokens per MMA when M <= 8.
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 constexpr bool is_decode_tile() { return W4A16_DECODE_SWAPPED && MT == 1 && WM == 1 && NH == 1; }
@@ -25,10 +21,9 @@ template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS
 cudaError_t launch_tile(const GemmArgs &a, int splits, int smem, cudaStream_t s) {
     if constexpr (is_decode_tile<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>()) {
         if (a.M <= 8) return launch_gemm_decode<T, LAYOUT, WN, WK, KS, MINB, 1>(a, splits, smem, s);
-        // 16 tokens need ~160 registers: only under the 168 of a 3-blocks-per-SM budget (cfg5). The Marlin fp16
-        // instance spilled 40 bytes there; it gets the 2-block budget (192 registers, no spill), which measured 1-10%
-        // faster at M 9-16 (docs/PERFORMANCE.md v18); the host counts 2 resident blocks for it (csrc/api.c).
-        constexpr int MINB16 = decode16_minb<T, LAYOUT>(MINB);
+        // 16 tokens need ~160 registers: only under the 168 of a 3-blocks-per-SM budget (cfg5), or the 2-block budget
+        // of the Marlin fp16 instance (configs.h, W4A16_DECODE16_MINB).
+        constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
         if constexpr (W4A16_DECODE_TB2 && MINB <= 3) return launch_gemm_decode<T, LAYOUT, WN, WK, KS, MINB16, 2>(a, splits, smem, s);
         else return launch_gemm<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(a, splits, smem, s);
     } else {

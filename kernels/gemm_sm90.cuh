@@ -63,14 +63,13 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wn = warp / NH, wh = warp % NH, j0 = wh * NB;
     const int m0 = blockIdx.x * TM, n0 = blockIdx.y * BN;
-    const int M = p.M, N = p.N, K = p.K;
-    int kt_begin;
-    const int nk = split_k_tiles((K + BK - 1) / BK, &kt_begin), splits = gridDim.z;
+    const int M = p.M, N = p.N;
+    const int splits = gridDim.z;
     constexpr int AHEAD = STAGES - 2;
 
     StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, kt_begin * BK, tid);
-    const int gshift = copy.gshift, g_last = copy.g_last;
+    copy.plan(p, m0, n0, tid);
+    const int kt_begin = copy.kt_begin, nk = copy.nk, gshift = copy.gshift, g_last = copy.g_last;
     auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt); };
 
     float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
