@@ -7,6 +7,7 @@ from ._lib import (BF16, FLAG_PDL, FLAG_REDUCE_IN_DTYPE, FP16, STATUS_NAMES, Lib
                    device_info, force_profile, last_error_message, library_path, marlin_awq_zero_points, marlin_gemm,
                    marlin_permute_scales, marlin_repack_awq, marlin_repack_gptq, profile_names, status_string,
                    version, version_number, workspace_size, workspace_size_staged)
+from ._lib import act_order_plan, act_order_sort, gather_rows, permute_cols
 
 __version__ = version()
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "device_info", "force_profile", "last_error_message", "library_path", "marlin_awq_zero_points", "marlin_gemm",
     "marlin_permute_scales", "marlin_repack_awq", "marlin_repack_gptq", "profile_names", "status_string", "version",
     "version_number", "workspace_size", "workspace_size_staged",
+    "act_order_plan", "act_order_sort", "gather_rows", "permute_cols",
 ]

@@ -6,6 +6,8 @@ Every non-OK status raises W4A16Error carrying the library's own message."""
 import ctypes
 import os
 
+from . import _checks
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 FP16, BF16 = 0, 1
@@ -87,10 +89,30 @@ _SIGS = {
     "w4a16_marlin_permute_scales": [_P, _P, _I, _I, _I, _I, _P],
     "w4a16_marlin_awq_zero_points": [_P, _P, _I, _I, _I, _P],
     "w4a16_permute_cols": [_P, _P, _P, _I, _I, _I, _I, _P],
+    "w4a16_gather_rows": [_P, _I, _P, _P, _I, _I, _I, _P],
+    "w4a16_act_order_sort": [_P, _I, _I, _P, _P],
+    "w4a16_act_order_plan": [_P, _I, _I, _P, _I, _P, _P],
 }
 for _name, _args in _SIGS.items():
     getattr(_lib, _name).argtypes = _args
     getattr(_lib, _name).restype = _c.c_int
+# The arguments' names, in the C order, for the checks at the ctypes boundary (w4a16._checks) and their messages.
+_NAMES = {
+    "w4a16_awq_gemm_ex": "A qweight scales qzeros bias C M N K group_size dtype workspace workspace_bytes flags "
+                         "stream",
+    "w4a16_marlin_gemm_ex": "A weight scales zeros bias C M N K group_size dtype workspace workspace_bytes flags "
+                            "stream",
+    "w4a16_awq_dequantize": "qweight scales qzeros W K N group_size dtype stream",
+    "w4a16_marlin_repack_awq": "qweight out K N stream",
+    "w4a16_marlin_repack_gptq": "qweight perm out K N stream",
+    "w4a16_marlin_permute_scales": "scales out K N group_size dtype stream",
+    "w4a16_marlin_awq_zero_points": "qzeros out K N group_size stream",
+    "w4a16_permute_cols": "A perm A_out M K_in K_out dtype stream",
+    "w4a16_gather_rows": "src rows_in idx out rows_out cols dtype stream",
+    "w4a16_act_order_sort": "g_idx K group_size perm sorted_g_idx",
+    "w4a16_act_order_plan": "g_idx K groups row_src capacity K_padded block_group",
+}
+_KINDS = {_c.c_int: "int", _c.c_uint: "uint", _c.c_size_t: "size", _c.c_void_p: "ptr"}
 
 
 class DeviceInfo(ctypes.Structure):
@@ -118,6 +140,14 @@ def _check(status, call):
         raise W4A16Error(status, last_error_message(), call)
 
 
+def _checked(call, check, *args):
+    """check(call, *args) from w4a16._checks, its BadArgument raised as the W4A16Error the library would give."""
+    try:
+        return check(call, *args)
+    except _checks.BadArgument as e:
+        raise W4A16Error(e.status, e.detail, call) from None
+
+
 def version():
     return _lib.w4a16_version_string().decode()
 
@@ -142,7 +172,8 @@ def device_info(device=0):
     """A dict describing CUDA device `device` and what w4a16 will do on it. Raises W4A16Error when no device can
     be queried at all (no driver, no GPU, driver too old)."""
     info = DeviceInfo()
-    _check(_lib.w4a16_get_device_info(int(device), ctypes.byref(info)), "w4a16_get_device_info")
+    device = _checked("w4a16_get_device_info", _checks.int32, "device", device)
+    _check(_lib.w4a16_get_device_info(device, ctypes.byref(info)), "w4a16_get_device_info")
     d = {f: getattr(info, f) for f, _ in DeviceInfo._fields_}
     for k in ("name", "profile", "reason"):
         d[k] = d[k].decode()
@@ -162,48 +193,86 @@ def workspace_size():
 
 def workspace_size_staged(N, K):
     """Workspace bytes that let w4a16_awq_gemm run an [*, K] x [K, N] layer staged at large M (see w4a16.h)."""
-    n = ctypes.c_size_t()
-    _check(_lib.w4a16_workspace_size_staged(int(N), int(K), ctypes.byref(n)), "w4a16_workspace_size_staged")
+    n, call = ctypes.c_size_t(), "w4a16_workspace_size_staged"
+    N, K = _checked(call, _checks.int32, "N", N), _checked(call, _checks.int32, "K", K)
+    _check(_lib.w4a16_workspace_size_staged(N, K, ctypes.byref(n)), call)
     return n.value
 
 
 def _call(name, *args):
-    _check(getattr(_lib, name)(*args), name)
+    """Calls entry point `name` with args in the C order, each checked against its C type first (_checks)."""
+    fn = getattr(_lib, name)
+    kinds = [_KINDS.get(t, "ptr") for t in fn.argtypes]
+    args = _checked(name, _checks.arguments, _NAMES[name].split(), kinds, args)
+    _check(fn(*args), name)
 
 
-# ---- raw operations: pointers and streams are ints (0 / None = NULL / default stream)
+# ---- raw operations: pointers and streams are ints (0 / None = NULL / default stream); sizes must fit the C API's
+# 32-bit int (W4A16Error W4A16_ERR_SIZE_OVERFLOW otherwise, never truncated)
 # flags: FLAG_REDUCE_IN_DTYPE | FLAG_PDL (the *_ex entry points of w4a16.h; 0 is the plain call)
 def awq_gemm(A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
              flags=0):
-    _call("w4a16_awq_gemm_ex", A, qweight, scales, qzeros, bias or None, C, M, N, K, group_size, dtype,
-          workspace or None, workspace_bytes, flags, stream or None)
+    _call("w4a16_awq_gemm_ex", A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace,
+          workspace_bytes, flags, stream)
 
 
 def marlin_gemm(A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
                 flags=0):
-    _call("w4a16_marlin_gemm_ex", A, weight, scales, zeros or None, bias or None, C, M, N, K, group_size, dtype,
-          workspace or None, workspace_bytes, flags, stream or None)
+    _call("w4a16_marlin_gemm_ex", A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace,
+          workspace_bytes, flags, stream)
 
 
 def awq_dequantize(qweight, scales, qzeros, W, K, N, group_size, dtype, stream=0):
-    _call("w4a16_awq_dequantize", qweight, scales, qzeros, W, K, N, group_size, dtype, stream or None)
+    _call("w4a16_awq_dequantize", qweight, scales, qzeros, W, K, N, group_size, dtype, stream)
 
 
 def marlin_repack_awq(qweight, out, K, N, stream=0):
-    _call("w4a16_marlin_repack_awq", qweight, out, K, N, stream or None)
+    _call("w4a16_marlin_repack_awq", qweight, out, K, N, stream)
 
 
 def marlin_repack_gptq(qweight, perm, out, K, N, stream=0):
-    _call("w4a16_marlin_repack_gptq", qweight, perm or None, out, K, N, stream or None)
+    _call("w4a16_marlin_repack_gptq", qweight, perm, out, K, N, stream)
 
 
 def marlin_permute_scales(scales, out, K, N, group_size, dtype, stream=0):
-    _call("w4a16_marlin_permute_scales", scales, out, K, N, group_size, dtype, stream or None)
+    _call("w4a16_marlin_permute_scales", scales, out, K, N, group_size, dtype, stream)
 
 
 def marlin_awq_zero_points(qzeros, out, K, N, group_size, stream=0):
-    _call("w4a16_marlin_awq_zero_points", qzeros, out, K, N, group_size, stream or None)
+    _call("w4a16_marlin_awq_zero_points", qzeros, out, K, N, group_size, stream)
 
 
 def permute_cols(A, perm, A_out, M, K_in, K_out, dtype, stream=0):
-    _call("w4a16_permute_cols", A, perm, A_out, M, K_in, K_out, dtype, stream or None)
+    """A_out[m, k] = A[m, perm[k]] for perm[k] in [0, K_in), else 0 (device int32 perm [K_out]; see w4a16.h)."""
+    _call("w4a16_permute_cols", A, perm, A_out, M, K_in, K_out, dtype, stream)
+
+
+def gather_rows(src, rows_in, idx, out, rows_out, cols, dtype, stream=0):
+    """out[r, :] = src[idx[r], :] for idx[r] in [0, rows_in), else 0 (device int32 idx [rows_out]; see w4a16.h)."""
+    _call("w4a16_gather_rows", src, rows_in, idx, out, rows_out, cols, dtype, stream)
+
+
+# ---- act-order GPTQ on the host (numpy arrays in, numpy int32 arrays out)
+def act_order_sort(g_idx, group_size):
+    """(perm, sorted_g_idx): perm = stable argsort(g_idx), int32 [K], for act-order GPTQ over the whole K
+    (is_k_full); W4A16Error W4A16_ERR_NOT_IMPLEMENTED when a group does not hold group_size rows (use
+    act_order_plan), W4A16_ERR_INVALID_VALUE for a g_idx value outside [0, K/G)."""
+    import numpy as np
+    g = _checks.host_int32_array("w4a16_act_order_sort", "g_idx", g_idx)
+    perm, sorted_g = np.empty_like(g), np.empty_like(g)
+    _call("w4a16_act_order_sort", g.ctypes.data, len(g), group_size, perm.ctypes.data, sorted_g.ctypes.data)
+    return perm, sorted_g
+
+
+def act_order_plan(g_idx, groups):
+    """(row_src, block_group) for a row-parallel shard of an act-order layer (is_k_full=false): row_src int32
+    [K_padded], the source row of each padded row or -1 (K_padded = len(row_src), a multiple of 128), and
+    block_group int32 [K_padded/32], the group of each 32-row block. See w4a16_act_order_plan in w4a16.h."""
+    import numpy as np
+    g = _checks.host_int32_array("w4a16_act_order_plan", "g_idx", g_idx)
+    kp = ctypes.c_int()
+    _call("w4a16_act_order_plan", g.ctypes.data, len(g), groups, None, 0, ctypes.addressof(kp), None)
+    row_src, block_group = np.empty(kp.value, np.int32), np.empty(kp.value // 32, np.int32)
+    _call("w4a16_act_order_plan", g.ctypes.data, len(g), groups, row_src.ctypes.data, kp.value,
+          ctypes.addressof(kp), block_group.ctypes.data)
+    return row_src, block_group
