@@ -1,7 +1,9 @@
 """PyTorch ops over libw4a16: torch custom ops (with fake implementations, so torch.compile traces them and CUDA
 graphs capture them) on the current CUDA stream, with vLLM's signatures where vLLM has the op, and AWQLinear.
 
-Every op checks device, dtype, shape and contiguity before calling the library, allocates its output with torch,
+Every op checks each tensor's type, dtype, shape (against the sizes and the other tensors), contiguity, device and
+alignment before calling the library (w4a16._checks_torch: ValueError / TypeError naming the argument; M = 0 is an
+error, as in the C API), allocates its output with torch,
 and uses one zero-initialised workspace per device (allocated on first use: call `prepare()` before capturing a
 CUDA graph).
 
@@ -14,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import _checks_torch as _checks
 from . import _lib
 
 _DT = {torch.float16: _lib.FP16, torch.bfloat16: _lib.BF16}
@@ -45,25 +48,8 @@ def prepare(device=None):
     return ws
 
 
-def _check(cond, msg):
-    if not cond:
-        raise ValueError(f"w4a16: {msg}")
-
-
-def _cuda_contig(name, t, dtype=None):
-    _check(t.is_cuda, f"{name} must be a CUDA tensor (got {t.device})")
-    _check(t.is_contiguous(), f"{name} must be contiguous")
-    if dtype is not None:
-        _check(t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype,
-               f"{name} has dtype {t.dtype}, expected {dtype}")
-
-
 def _stream(t):
     return torch.cuda.current_stream(t.device).cuda_stream
-
-
-def _group(size_k, scale_rows):
-    return -1 if scale_rows == 1 else size_k // scale_rows
 
 
 # ---------------------------------------------------------------- AWQ path
@@ -71,20 +57,12 @@ def _group(size_k, scale_rows):
 def awq_gemm(input: Tensor, qweight: Tensor, scales: Tensor, qzeros: Tensor, split_k_iters: int) -> Tensor:
     """vLLM's awq_gemm: input [M, K] (fp16 or bf16), qweight [K, N/8], scales [K/G, N], qzeros [K/G, N/8] -> [M, N].
     split_k_iters is accepted for compatibility; w4a16 chooses its own K split."""
-    _cuda_contig("input", input, (torch.float16, torch.bfloat16))
-    _cuda_contig("qweight", qweight, torch.int32)
-    _cuda_contig("scales", scales, input.dtype)
-    _cuda_contig("qzeros", qzeros, torch.int32)
-    _check(input.dim() == 2 and qweight.dim() == 2, "input and qweight must be 2-D")
-    M, K = input.shape
-    N = scales.shape[1]
-    _check(qweight.shape == (K, N // 8), f"qweight shape {tuple(qweight.shape)} != (K={K}, N/8={N // 8})")
-    _check(qzeros.shape == (scales.shape[0], N // 8), "qzeros must be [K/G, N/8]")
+    M, N, K, G = _checks.awq_gemm(input, qweight, scales, qzeros)
     out = torch.empty((M, N), dtype=input.dtype, device=input.device)
     ws = prepare(input.device)
     with torch.cuda.device(_dev_index(input)):
         _lib.awq_gemm(input.data_ptr(), qweight.data_ptr(), scales.data_ptr(), qzeros.data_ptr(), 0, out.data_ptr(),
-                      M, N, K, _group(K, scales.shape[0]), _DT[input.dtype], ws.data_ptr(), ws.numel(), _stream(input),
+                      M, N, K, G, _DT[input.dtype], ws.data_ptr(), ws.numel(), _stream(input),
                       flags=_flags)
     return out
 
@@ -97,14 +75,11 @@ def _(input, qweight, scales, qzeros, split_k_iters):
 @torch.library.custom_op("w4a16::awq_dequantize", mutates_args=())
 def awq_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, split_k_iters: int, thx: int, thy: int) -> Tensor:
     """vLLM's awq_dequantize: -> W [K, N] in the scales' dtype (the extra arguments are ignored)."""
-    _cuda_contig("qweight", qweight, torch.int32)
-    _cuda_contig("scales", scales, (torch.float16, torch.bfloat16))
-    _cuda_contig("zeros", zeros, torch.int32)
-    K, N = qweight.shape[0], scales.shape[1]
+    K, N, G = _checks.awq_dequantize(qweight, scales, zeros)
     out = torch.empty((K, N), dtype=scales.dtype, device=scales.device)
     with torch.cuda.device(_dev_index(scales)):
-        _lib.awq_dequantize(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), out.data_ptr(), K, N,
-                            _group(K, scales.shape[0]), _DT[scales.dtype], _stream(scales))
+        _lib.awq_dequantize(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), out.data_ptr(), K, N, G,
+                            _DT[scales.dtype], _stream(scales))
     return out
 
 
@@ -116,9 +91,7 @@ def _(qweight, scales, zeros, split_k_iters, thx, thy):
 # ---------------------------------------------------------------- Marlin converters
 @torch.library.custom_op("w4a16::awq_marlin_repack", mutates_args=())
 def awq_marlin_repack(b_q_weight: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("b_q_weight", b_q_weight, torch.int32)
-    _check(tuple(b_q_weight.shape) == (size_k, size_n // 8), "b_q_weight must be [size_k, size_n/8]")
+    _checks.awq_marlin_repack(b_q_weight, size_k, size_n, num_bits)
     out = torch.empty((size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(_dev_index(b_q_weight)):
         _lib.marlin_repack_awq(b_q_weight.data_ptr(), out.data_ptr(), size_k, size_n, _stream(b_q_weight))
@@ -132,12 +105,8 @@ def _(b_q_weight, size_k, size_n, num_bits):
 
 @torch.library.custom_op("w4a16::gptq_marlin_repack", mutates_args=())
 def gptq_marlin_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("b_q_weight", b_q_weight, torch.int32)
-    _check(tuple(b_q_weight.shape) == (size_k // 8, size_n), "b_q_weight must be [size_k/8, size_n]")
-    has_perm = perm.numel() > 0
-    if has_perm:
-        _cuda_contig("perm", perm, torch.int32)
+    """perm: int32 [size_k] (act-order; -1 = an empty row) or empty. Its values are checked, which synchronises."""
+    has_perm = _checks.gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
     out = torch.empty((size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(_dev_index(b_q_weight)):
         _lib.marlin_repack_gptq(b_q_weight.data_ptr(), perm.data_ptr() if has_perm else 0, out.data_ptr(), size_k,
@@ -152,7 +121,7 @@ def _(b_q_weight, perm, size_k, size_n, num_bits):
 
 @torch.library.custom_op("w4a16::marlin_permute_scales", mutates_args=())
 def marlin_permute_scales(s: Tensor, size_k: int, size_n: int, group_size: int) -> Tensor:
-    _cuda_contig("s", s, (torch.float16, torch.bfloat16))
+    _checks.marlin_permute_scales(s, size_k, size_n, group_size)
     out = torch.empty_like(s)
     with torch.cuda.device(_dev_index(s)):
         _lib.marlin_permute_scales(s.data_ptr(), out.data_ptr(), size_k, size_n, group_size, _DT[s.dtype], _stream(s))
@@ -167,8 +136,7 @@ def _(s, size_k, size_n, group_size):
 @torch.library.custom_op("w4a16::awq_to_marlin_zero_points", mutates_args=())
 def awq_to_marlin_zero_points(q_zp_packed: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
     """vLLM's helper: size_k is the number of groups here."""
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("q_zp_packed", q_zp_packed, torch.int32)
+    _checks.awq_to_marlin_zero_points(q_zp_packed, size_k, size_n, num_bits)
     out = torch.empty_like(q_zp_packed)
     # the library takes K and G; with K = size_k groups of G = 16 rows the row count is the same
     with torch.cuda.device(_dev_index(q_zp_packed)):
@@ -185,9 +153,7 @@ def _(q_zp_packed, size_k, size_n, num_bits):
 @torch.library.custom_op("w4a16::permute_cols", mutates_args=())
 def permute_cols(a: Tensor, perm: Tensor) -> Tensor:
     """a[:, perm]: the activation side of act-order GPTQ (perm from w4a16_act_order_sort / argsort(g_idx))."""
-    _cuda_contig("a", a, (torch.float16, torch.bfloat16))
-    _cuda_contig("perm", perm, torch.int32)
-    _check(a.dim() == 2 and perm.numel() == a.shape[1], "a must be [M, K] and perm [K]")
+    _checks.permute_cols(a, perm)
     out = torch.empty_like(a)
     with torch.cuda.device(_dev_index(a)):
         _lib.permute_cols(a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], a.shape[1],
@@ -206,22 +172,14 @@ def marlin_gemm(a: Tensor, b_q_weight: Tensor, b_scales: Tensor, b_zeros: Option
                 size_m: int, size_n: int, size_k: int) -> Tensor:
     """a [M, K] x Marlin weight [K/16, 2N] with permuted scales [K/G, N] (and Marlin zero points for AWQ;
     None for symmetric GPTQ) + bias -> [M, N]."""
-    _cuda_contig("a", a, (torch.float16, torch.bfloat16))
-    _cuda_contig("b_q_weight", b_q_weight, torch.int32)
-    _cuda_contig("b_scales", b_scales, a.dtype)
-    if b_zeros is not None:
-        _cuda_contig("b_zeros", b_zeros, torch.int32)
-    if b_bias is not None:
-        _cuda_contig("b_bias", b_bias, a.dtype)
-    _check(tuple(a.shape) == (size_m, size_k), "a must be [size_m, size_k]")
-    _check(tuple(b_q_weight.shape) == (size_k // 16, size_n * 2), "b_q_weight must be [size_k/16, 2 size_n]")
+    G = _checks.marlin_gemm(a, b_q_weight, b_scales, b_zeros, b_bias, size_m, size_n, size_k)
     out = torch.empty((size_m, size_n), dtype=a.dtype, device=a.device)
     ws = prepare(a.device)
     with torch.cuda.device(_dev_index(a)):
         _lib.marlin_gemm(a.data_ptr(), b_q_weight.data_ptr(), b_scales.data_ptr(),
                          b_zeros.data_ptr() if b_zeros is not None else 0,
                          b_bias.data_ptr() if b_bias is not None else 0, out.data_ptr(), size_m, size_n, size_k,
-                         _group(size_k, b_scales.shape[0]), _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a),
+                         G, _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a),
                          flags=_flags)
     return out
 
@@ -238,6 +196,7 @@ class AWQLinear(torch.nn.Module):
 
     def __init__(self, qweight, qzeros, scales, bias=None, group_size=128):
         super().__init__()
+        _checks.awq_linear(qweight, qzeros, scales, bias, group_size)
         K, N = qweight.shape[0], scales.shape[1]
         self.in_features, self.out_features, self.group_size = K, N, group_size
         self.use_marlin = K % 128 == 0 and N % 64 == 0
