@@ -75,16 +75,27 @@ def address(call, name, value):
 
 
 _BY_KIND = {"int": int32, "uint": uint32, "size": size, "ptr": address}
+_RANGE = {"int": (INT32_MIN, INT32_MAX), "uint": (0, UINT32_MAX), "size": (0, UINT64_MAX), "ptr": (1, UINT64_MAX)}
 
 
-def arguments(call, names, kinds, values):
-    """Checked values for one C call: names and kinds ("int", "uint", "size", "ptr") in the C order.
-    M = 0 is reported as such before the library sees it: an empty activation tensor has address 0, and the
-    library, which checks pointers first, would call it a NULL pointer."""
-    out = [_BY_KIND[k](call, n, v) for n, k, v in zip(names, kinds, values)]
-    for n, v in zip(names, out):
-        if n == "M" and v < 1:
-            raise BadArgument(ERR_INVALID_SHAPE, f"M={v} must be at least 1")
+def spec(names, kinds):
+    """The check plan of one C function: names and kinds ("int", "uint", "size", "ptr") in the C order."""
+    return tuple((n, k) + _RANGE[k] for n, k in zip(names, kinds)), (names.index("M") if "M" in names else -1)
+
+
+def arguments(call, plan, values):
+    """Checked values for one C call (plan from spec()). M = 0 is reported as such before the library sees it:
+    an empty activation tensor has address 0, and the library, which checks pointers first, would call it a NULL
+    pointer. The common case (plain ints in range, None pointers) takes the fast path: this runs on every launch."""
+    params, m_index = plan
+    out = []
+    for (name, kind, lo, hi), v in zip(params, values):
+        if type(v) is int and lo <= v <= hi or v is None and kind == "ptr":
+            out.append(v)
+        else:
+            out.append(_BY_KIND[kind](call, name, v))
+    if m_index >= 0 and out[m_index] < 1:
+        raise BadArgument(ERR_INVALID_SHAPE, f"M={out[m_index]} must be at least 1")
     return out
 
 

@@ -199,11 +199,16 @@ def workspace_size_staged(N, K):
     return n.value
 
 
+_PLANS = {}
+
+
 def _call(name, *args):
     """Calls entry point `name` with args in the C order, each checked against its C type first (_checks)."""
     fn = getattr(_lib, name)
-    kinds = [_KINDS.get(t, "ptr") for t in fn.argtypes]
-    args = _checked(name, _checks.arguments, _NAMES[name].split(), kinds, args)
+    plan = _PLANS.get(name)
+    if plan is None:
+        plan = _PLANS[name] = _checks.spec(_NAMES[name].split(), [_KINDS.get(t, "ptr") for t in fn.argtypes])
+    args = _checked(name, _checks.arguments, plan, args)
     _check(fn(*args), name)
 
 

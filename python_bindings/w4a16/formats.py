@@ -1,6 +1,7 @@
-"""The AWQ, GPTQ and Marlin tensor formats in numpy (../shared/spec/formats.md), for tests, for quantising a
-float matrix the AutoAWQ way, and for engines that repack on the CPU. The GPU converters of libw4a16 produce the
-same bits (tests/test_gpu.c checks the C twins; python_bindings/tests check these against hand-computed words).
+"""The AWQ, GPTQ and Marlin tensor formats in numpy (AutoAWQ "gemm", GPTQ, and the public Marlin layout; see
+include/w4a16.h), for tests, for quantising a float matrix the AutoAWQ way, and for engines that repack on the CPU.
+The GPU converters of libw4a16 produce the same bits (tests/test_gpu.c checks the C twins; python_bindings/tests
+check these against hand-computed words).
 
 Every function checks its arguments as the library does (values 0..15 in integer arrays, 32-bit words, N a multiple
 of 64 and K of 16 where the library needs it, group sizes 32 / 64 / 128 / -1, tensor shapes against the sizes) and
