@@ -82,8 +82,8 @@ def sgl(tmp_path_factory):
         setattr(mods, name, importlib.import_module(path))
     mods.original = {n: getattr(importlib.import_module(m), n) for n, m in adapter.TARGETS.items()}
     mods.original_sort = mods.marlin_utils.marlin_sort_g_idx
-    yield mods
-    mp.undo()
+    mp.undo()  # the tests pretend again only while a layer loads (torch.compile must see this machine as it is)
+    return mods
 
 
 def _dist_info(tmp, entry_points):
@@ -411,3 +411,202 @@ def test_linear_layer(sgl, plugin, kind, G, dtype, with_bias):
     if bias is not None:
         expect.add_(bias)
     np.testing.assert_array_equal(_bits(out.reshape(M, N)), _bits(expect))
+
+
+# ------------------------------------------------------------------ what stays on SGLang's kernels
+def _scheme_layer(sgl, K_full, K, N, G, dtype, ckpt, desc_act, bits=4):
+    """A GPTQ-Marlin layer driven through the scheme SGLang attaches to a linear layer, for a shard of K_full."""
+    cfg = _config(sgl, "gptq", G, desc_act, bits)
+    scheme = cfg.get_linear_scheme(None) if hasattr(cfg, "get_linear_scheme") else None
+    if scheme is None:
+        from sglang.srt.layers.quantization.gptq.schemes import GPTQMarlinLinearScheme
+        scheme = GPTQMarlinLinearScheme(cfg)
+    layer = torch.nn.Module()
+    scheme.create_weights(layer=layer, input_size_per_partition=K, output_partition_sizes=[N], input_size=K_full,
+                          output_size=N, params_dtype=dtype, weight_loader=None)
+    for name, value in ckpt.items():
+        t = torch.from_numpy(np.ascontiguousarray(value))
+        getattr(layer, name).data.copy_(t.to(torch.float32).to(dtype) if name == "scales" else t)
+    scheme.process_weights_after_loading(layer)
+    return scheme, layer
+
+
+def _fresh_state(mp):
+    mp.setattr(adapter, "_state", {"act_order_whole": True, "act_order_groups": set(), "logged": set()})
+
+
+def test_row_parallel_act_order_gemm_stays_on_sglang(sgl, plugin):
+    """is_k_full=False: SGLang's kernel runs the GEMM, on the weight w4a16 repacked (the same Marlin layout)."""
+    K, N, M, G = 256, 128, 3, 64
+    rng = np.random.default_rng(7)
+    full, _ = _gptq_checkpoint(rng, 2 * K, N, G, act_order=True)
+    # rank 0 of 2: the first K rows; act-order scales and zero points are kept whole on every rank
+    ckpt = dict(full, qweight=full["qweight"][:K // 8], g_idx=full["g_idx"][:K])
+    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.float16)
+    mp = pytest.MonkeyPatch()
+    try:
+        _fake_gpu(mp)
+        _fresh_state(mp)
+        lib = Lib(mp, None)
+        jit = JitRecorder(mp, sgl)
+        scheme, layer = _scheme_layer(sgl, 2 * K, K, N, G, torch.float16, ckpt, desc_act=True)
+        assert scheme.kernel.is_k_full is False
+        scheme.apply_weights(layer, x, None)
+    finally:
+        mp.undo()
+    assert lib.names() == ["repack_gptq"] and jit.names() == ["gptq_marlin_gemm"]
+    perm = lib.get("repack_gptq")["perm"]
+    args = jit.calls[0][1]  # SGLang's JIT call: a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, c, ...
+    np.testing.assert_array_equal(args[1].numpy(), formats.marlin_repack_gptq(ckpt["qweight"], perm))
+    np.testing.assert_array_equal(args[6].numpy(), perm)
+    assert args[12] is False  # is_k_full
+
+
+def test_uneven_act_order_groups_stay_on_sglang(sgl, plugin):
+    K, N, M, G = 256, 128, 2, 64
+    rng = np.random.default_rng(8)
+    ckpt, _ = _gptq_checkpoint(rng, K, N, G, act_order=True)
+    g_idx = ckpt["g_idx"].copy()
+    g_idx[np.flatnonzero(g_idx == 1)[0]] = 0  # group 0 gets G + 1 rows, group 1 G - 1
+    ckpt["g_idx"] = g_idx
+    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.bfloat16)
+    mp = pytest.MonkeyPatch()
+    try:
+        _fake_gpu(mp)
+        _fresh_state(mp)
+        lib = Lib(mp, None)
+        jit = JitRecorder(mp, sgl)
+        scheme, layer = _scheme_layer(sgl, K, K, N, G, torch.bfloat16, ckpt, desc_act=True)
+        assert scheme.kernel.is_k_full is True
+        scheme.apply_weights(layer, x, None)
+        assert adapter._state["act_order_whole"] is False
+    finally:
+        mp.undo()
+    assert lib.names() == ["repack_gptq"] and jit.names() == ["gptq_marlin_gemm"]
+
+
+def test_8bit_gptq_stays_on_sglang(sgl, plugin):
+    K, N, M, G = 256, 128, 4, 128
+    rng = np.random.default_rng(9)
+    q = rng.integers(0, 256, size=(K, N)).astype(np.uint32)
+    qweight = np.zeros((K // 4, N), np.uint32)
+    for i in range(4):
+        qweight |= q[i::4] << np.uint32(8 * i)
+    ckpt = dict(qweight=qweight.view(np.int32), scales=(rng.random((K // G, N)) * 0.01).astype(np.float16),
+                g_idx=(np.arange(K) // G).astype(np.int32))
+    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.float16)
+    mp = pytest.MonkeyPatch()
+    try:
+        _fake_gpu(mp)
+        lib = Lib(mp, None)
+        jit = JitRecorder(mp, sgl)
+        scheme, layer = _scheme_layer(sgl, K, K, N, G, torch.float16, ckpt, desc_act=False, bits=8)
+        scheme.apply_weights(layer, x, None)
+    finally:
+        mp.undo()
+    assert lib.names() == [] and jit.names() == ["gptq_marlin_repack", "gptq_marlin_gemm"]
+    np.testing.assert_array_equal(jit.calls[0][1][0].numpy(), ckpt["qweight"])  # the checkpoint, untouched
+
+
+# ------------------------------------------------------------------ when the adapter leaves SGLang alone
+def _register(sgl, mp, live=None, env=None):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    adapter.log.addHandler(handler)
+    adapter.log.setLevel(logging.INFO)
+    before = {k: list(v) for k, v in sgl.hooks.HookRegistry._hooks.items()}
+    try:
+        if live is not None:
+            mp.setattr(adapter, "live_schema", lambda: live)
+        if env is not None:
+            mp.setenv("W4A16_SGLANG", env)
+        done = adapter.register()
+    finally:
+        adapter.log.removeHandler(handler)
+    after = {k: list(v) for k, v in sgl.hooks.HookRegistry._hooks.items()}
+    added = {k: v[len(before.get(k, [])):] for k, v in after.items() if len(v) > len(before.get(k, []))}
+    # nothing registered is left behind for SGLang to apply
+    for target, hooks in added.items():
+        sgl.hooks.HookRegistry._hooks[target] = sgl.hooks.HookRegistry._hooks[target][:len(before.get(target, []))]
+    return done, [r.getMessage() for r in records], added
+
+
+def _live():
+    return json.loads((SCHEMAS / f"sglang-{sglang.__version__}.json").read_text())
+
+
+@pytest.mark.parametrize("change,expect", [
+    (lambda s: s.update(sglang="0.5.99"), "SGLang 0.5.99 is not a release w4a16 was checked against"),
+    (lambda s: s.update(sglang_kernel="0.4.11"), "sglang-kernel 0.4.11 is not the release recorded"),
+    (lambda s: s["params"].update(gptq_marlin_gemm=s["params"]["gptq_marlin_gemm"].replace("b_scales, ", "")),
+     "gptq_marlin_gemm(a, c, b_q_weight, global_scale"),
+    (lambda s: s["params"].update(awq_marlin_repack="b_q_weight, size_k, size_n, num_bits, is_a_8bit=False"),
+     "awq_marlin_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False) differs"),
+    (lambda s: s["scalar_type_ids"].update(uint4=1), "scalar type uint4 id 1"),
+    (lambda s: s["sgl_kernel_marlin_ops"].update({"sgl_kernel::gptq_marlin_gemm": "..."}), "Marlin ops"),
+], ids=["sglang", "sglang-kernel", "gemm-params", "repack-params", "scalar-type", "sgl-kernel-op"])
+def test_unknown_release_left_untouched(sgl, change, expect):
+    live = _live()
+    change(live)
+    mp = pytest.MonkeyPatch()
+    try:
+        done, log, added = _register(sgl, mp, live=live)
+    finally:
+        mp.undo()
+    assert done is False and added == {}
+    assert len(log) == 1 and "SGLang left untouched" in log[0] and expect in log[0], log
+
+
+def test_turned_off(sgl):
+    mp = pytest.MonkeyPatch()
+    try:
+        done, log, added = _register(sgl, mp, env="0")
+    finally:
+        mp.undo()
+    assert done is False and added == {} and log == ["w4a16: W4A16_SGLANG=0, keeping SGLang's kernels"]
+
+
+def test_recorded_release_registers(sgl):
+    mp = pytest.MonkeyPatch()
+    try:
+        done, log, added = _register(sgl, mp)
+    finally:
+        mp.undo()
+    assert done is True and len(log) == 1 and "ops now served by w4a16" in log[0], log
+    assert sorted(added) == sorted(f"{m}.{n}" for n, m in list(adapter.TARGETS.items()) + [adapter.SORT_G_IDX])
+
+
+# ------------------------------------------------------------------ torch.compile
+def test_fullgraph_compile(sgl, plugin):
+    """SGLang's AWQ-Marlin and act-order GPTQ-Marlin forward through the hooks traces as one graph."""
+    K, N, M, G = 256, 128, 4, 128
+    rng = np.random.default_rng(10)
+    mp = pytest.MonkeyPatch()
+    try:
+        for kind in ("awq", "gptq_act"):
+            dtype = torch.float16
+            if kind == "awq":
+                ckpt, wdq = _awq_checkpoint(rng, K, N, G, dtype)
+            else:
+                ckpt, wdq = _gptq_checkpoint(rng, K, N, G, act_order=True)
+            x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(dtype)
+            bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(dtype)
+            ref = _ref_output(x, wdq, dtype)
+            lib = Lib(mp, lambda m, n: _bits(ref))
+            jit = JitRecorder(mp, sgl)
+            gpu = pytest.MonkeyPatch()  # only while loading: torch.compile must see this machine as it is
+            try:
+                _fake_gpu(gpu)
+                layer = _layer(sgl, "awq" if kind == "awq" else "gptq", K, N, G, dtype, bias, ckpt,
+                               desc_act=kind != "awq")
+            finally:
+                gpu.undo()
+            torch._dynamo.reset()
+            f = torch.compile(lambda t: layer(t)[0], fullgraph=True, backend="eager")
+            out = f(x)
+            assert jit.calls == [] and lib.names()[-1] == "marlin_gemm", lib.names()
+            np.testing.assert_array_equal(_bits(out), _bits(ref + bias))
+    finally:
+        mp.undo()
+        torch._dynamo.reset()
