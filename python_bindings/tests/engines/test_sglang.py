@@ -64,7 +64,7 @@ def _driver(tmp):
 def sgl(tmp_path_factory):
     """SGLang's modules as on a CUDA machine (sgl-kernel's extension loaded on the real or stub driver first)."""
     _driver(tmp_path_factory.mktemp("driver"))
-    import sgl_kernel  # noqa: F401  (loads its compiled ops; sglang takes its weight types from it)
+    importlib.import_module("sgl_kernel")  # its compiled ops; SGLang takes its weight types from it
     mp = pytest.MonkeyPatch()
     _fake_gpu(mp)
     mods = types.SimpleNamespace()
@@ -416,11 +416,7 @@ def test_linear_layer(sgl, plugin, kind, G, dtype, with_bias):
 # ------------------------------------------------------------------ what stays on SGLang's kernels
 def _scheme_layer(sgl, K_full, K, N, G, dtype, ckpt, desc_act, bits=4):
     """A GPTQ-Marlin layer driven through the scheme SGLang attaches to a linear layer, for a shard of K_full."""
-    cfg = _config(sgl, "gptq", G, desc_act, bits)
-    scheme = cfg.get_linear_scheme(None) if hasattr(cfg, "get_linear_scheme") else None
-    if scheme is None:
-        from sglang.srt.layers.quantization.gptq.schemes import GPTQMarlinLinearScheme
-        scheme = GPTQMarlinLinearScheme(cfg)
+    scheme = _config(sgl, "gptq", G, desc_act, bits).get_linear_scheme(None)  # GPTQMarlinLinearScheme
     layer = torch.nn.Module()
     scheme.create_weights(layer=layer, input_size_per_partition=K, output_partition_sizes=[N], input_size=K_full,
                           output_size=N, params_dtype=dtype, weight_loader=None)

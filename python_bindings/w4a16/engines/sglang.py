@@ -49,6 +49,7 @@ KNOWN = {
     },
 }
 
+# Load-time facts the forward reads: whether every act-order layer had whole groups, and their group sizes.
 _state = {"act_order_whole": True, "act_order_groups": set(), "logged": set()}
 
 
@@ -147,6 +148,7 @@ def make_hooks(uint4_id, uint4b8_id):
                                size_n, size_k, is_k_full, is_zp_float)
         if reason:
             return pass_through(f"gptq_marlin_gemm {reason}", original, *args, **kwargs)
+        # use_atomic_add / use_fp32_reduce tune SGLang's own kernel; w4a16 adds split-K partials in fp32, in order
         if size_m == 0:
             return a.new_empty((0, size_n)) if c is None else c
         a2 = a.reshape(size_m, size_k).contiguous()
