@@ -606,3 +606,16 @@ def test_fullgraph_compile(sgl, plugin):
     finally:
         mp.undo()
         torch._dynamo.reset()
+
+
+def test_library_missing_left_untouched(sgl):
+    def missing(*args):
+        raise w4a16.LibraryNotFound("w4a16: could not load libw4a16.so")
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(adapter, "make_hooks", missing)
+        done, log, added = _register(sgl, mp)
+    finally:
+        mp.undo()
+    assert done is False and added == {}
+    assert log == ["w4a16: SGLang left untouched: LibraryNotFound: w4a16: could not load libw4a16.so"]
