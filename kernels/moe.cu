@@ -1,0 +1,358 @@
+// Mixture-of-experts kernels: the routing (pairs grouped by expert, padded to the block size) and the grouped int4
+// GEMM that multiplies each block of pairs by its expert's weights.
+//
+// Grouped GEMM: one block of 4 warps computes one routing block (block_size <= 64 pairs of one expert, BM = 16 MT rows)
+// x 64 output channels. A's rows are gathered through sorted_ids while they are copied into shared memory (rows of
+// padding entries are zero-filled and never stored). A stage holds BK = 64 k: the gathered A tile (16-byte chunks
+// XOR-swizzled by row for ldmatrix), the expert's packed weights, and the scale / zero-point rows of the (at most two)
+// groups the stage touches. Each warp takes one k16 step of every stage (mma.sync m16n8k16, B fragments dequantised
+// in registers with common.cuh's magic-number helpers); the four warps' fp32 sums are added in warp order through
+// shared memory at the end, so a row's result does not depend on which other rows share its block.
+#include <cuda_runtime.h>
+#include "common.cuh"
+#include "configs.h"
+#include "moe_launch.h"
+
+namespace w4a16 {
+namespace moe {
+
+constexpr int THREADS = 128, WARPS = 4, BN = 64, BK = 64;
+
+// ---------------------------------------------------------------- routing
+// One block: per-expert counts in shared memory, a warp scan of the padded counts, then every pair is scattered to
+// its expert's run. Entries outside [0, E) are dropped.
+__global__ void __launch_bounds__(1024) align_kernel(const int32_t *ids, int n, int E, int bs, int32_t *sorted,
+                                                     int sorted_cap, int32_t *expert_ids, int blocks_cap,
+                                                     int32_t *npp) {
+    extern __shared__ int sm[];
+    int *cnt = sm, *off = sm + E, *fill = sm + 2 * E + 1; // off has E + 1 entries
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < E; e += nt) cnt[e] = fill[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += nt) {
+        const int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) { // lane l scans a contiguous range of experts, the warp adds the ranges' sums
+        const int per = (E + 31) / 32, e0 = tid * per, e1 = min(E, e0 + per);
+        int sum = 0;
+        for (int e = e0; e < e1; e++) sum += (cnt[e] + bs - 1) / bs * bs;
+        int incl = sum;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+            if (tid >= d) incl += v;
+        }
+        int run = incl - sum;
+        for (int e = e0; e < e1; e++) {
+            off[e] = run;
+            run += (cnt[e] + bs - 1) / bs * bs;
+        }
+        if (tid == 31) off[E] = incl;
+    }
+    __syncthreads();
+    const int total = off[E];
+    if (tid == 0) *npp = total;
+    for (int i = tid; i < sorted_cap; i += nt) sorted[i] = n;
+    for (int b = tid; b < blocks_cap; b += nt) {
+        int e = -1;
+        if ((long long)b * bs < total) { // the last expert whose run starts at or before the block
+            const int x = b * bs;
+            int lo = 0, hi = E - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (off[mid] <= x) lo = mid;
+                else hi = mid - 1;
+            }
+            e = lo;
+        }
+        expert_ids[b] = e;
+    }
+    __syncthreads(); // the pad values are in place before the scatter overwrites some of them
+    for (int i = tid; i < n; i += nt) {
+        const int e = ids[i];
+        if (e >= 0 && e < E) sorted[off[e] + atomicAdd(&fill[e], 1)] = i;
+    }
+}
+
+// ---------------------------------------------------------------- grouped GEMM
+template <int LAYOUT, int MT> struct Tile {
+    static constexpr int BM = 16 * MT;
+    static constexpr int A_BYTES = BM * BK * 2;
+    static constexpr int SB = BN / 8 + 4; // AWQ: padded words per row, a fragment's 4 row loads hit distinct banks
+    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
+    static constexpr int S_BYTES = 2 * BN * 2, Z_BYTES = 2 * (BN / 8) * 4; // two group slots (G >= 32)
+    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int RED = WARPS * MT * 8 * 32 * 16; // every warp's accumulators as float4
+    static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
+};
+
+template <typename T, int LAYOUT, int MT>
+__global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
+    using D = Dtype<T>;
+    using TL = Tile<LAYOUT, MT>;
+    constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
+    constexpr int STAGE = TL::STAGE, SB = TL::SB;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int s_src[BM], s_dst[BM]; // per row: A row and C row, -1 for padding
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
+    const int blk = blockIdx.x, n0 = blockIdx.y * BN, bs = p.block_size;
+    if ((long long)blk * bs >= (long long)*p.num_post_padded) return; // uniform over the block
+    const int e = p.expert_ids[blk];
+    if (e < 0 || e >= p.num_experts) return;
+    const int entries = p.M * p.top_k;
+    if (tid < BM) {
+        int id = -1;
+        const long long pos = (long long)blk * bs + tid;
+        if (tid < bs && pos < p.sorted_capacity) id = p.sorted_ids[pos];
+        const bool ok = id >= 0 && id < entries;
+        s_src[tid] = ok ? id / p.top_k : -1;
+        s_dst[tid] = ok ? id : -1;
+    }
+    __syncthreads();
+
+    const int N = p.N, K = p.K, nk = K / BK, stages = p.stages, gshift = p.gshift;
+    const int g_last = (K - 1) >> gshift, slots = (BK >> gshift) > 1 ? 2 : 1;
+    const T *A = static_cast<const T *>(p.A);
+
+    // ---- per-thread copy plans: A chunks (MT per thread), one weight chunk, at most one scale / zero chunk
+    const T *a_src[MT];
+    bool a_on[MT];
+    uint32_t a_dst[MT];
+    {
+        const int row0 = tid >> 3, ch = tid & 7;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int row = row0 + 16 * i, src = s_src[row];
+            a_on[i] = src >= 0;
+            a_src[i] = A + (a_on[i] ? (size_t)src * K : 0) + ch * 8;
+            a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+        }
+    }
+    const uint32_t *B = static_cast<const uint32_t *>(p.B);
+    const uint32_t *b_src;
+    uint32_t b_dst;
+    size_t b_step;
+    if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+        const int row = tid >> 1, ch = tid & 1;
+        b_src = B + (size_t)e * K * (N / 8) + (size_t)row * (N / 8) + n0 / 8 + ch * 4;
+        b_dst = A_BYTES + (row * SB + ch * 4) * 4;
+        b_step = (size_t)BK * (N / 8);
+    } else {
+        const int row = tid >> 5, ch = tid & 31;
+        b_src = B + (size_t)e * (K / 16) * (2 * N) + (size_t)row * (2 * N) + 2 * n0 + ch * 4;
+        b_dst = A_BYTES + (row * 2 * BN + ch * 4) * 4;
+        b_step = (size_t)(BK / 16) * (2 * N);
+    }
+    const int groups = g_last + 1;
+    const T *s_base = nullptr;
+    int s_sl = 0;
+    uint32_t s_dsto = 0;
+    if (tid < slots * 8) {
+        s_sl = tid >> 3;
+        s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + (tid & 7) * 8;
+        s_dsto = A_BYTES + B_BYTES + (s_sl * BN + (tid & 7) * 8) * 2;
+    }
+    const uint32_t *z_base = nullptr;
+    int z_sl = 0;
+    uint32_t z_dsto = 0;
+    if (p.zeros && tid >= 64 && tid < 64 + slots * 2) {
+        const int t2 = tid - 64;
+        z_sl = t2 >> 1;
+        z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + (t2 & 1) * 4;
+        z_dsto = A_BYTES + B_BYTES + S_BYTES + (z_sl * 8 + (t2 & 1) * 4) * 4;
+    }
+    auto issue = [&](int kt, unsigned char *st) {
+        const int k0 = kt * BK, g0 = k0 >> gshift;
+        cp_async16(st + b_dst, b_src + (size_t)kt * b_step, true);
+        if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
+        if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
+#pragma unroll
+        for (int i = 0; i < MT; i++) cp_async16(st + a_dst[i], a_on[i] ? a_src[i] + k0 : A, a_on[i]);
+    };
+
+    float acc[MT][8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    for (int s = 0; s < stages - 1; s++) {
+        if (s < nk) issue(s, smem + s * STAGE);
+        cp_async_commit();
+    }
+    const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
+    for (int i = 0; i < nk; i++) {
+        cp_async_wait_dyn(stages - 2);
+        __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
+        if (i + stages - 1 < nk) issue(i + stages - 1, smem + ((i + stages - 1) % stages) * STAGE);
+        cp_async_commit();
+        const unsigned char *st = smem + (i % stages) * STAGE;
+        const int k0 = i * BK, kw = k0 + 16 * warp;
+        const int sl = (kw >> gshift) - (k0 >> gshift); // 0 or 1: the group slot of this warp's k16 step
+
+        // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ 8r + ORDER[j], Marlin 8j + r)
+        GroupConst<T> gc[8];
+        {
+            const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN;
+            const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * 8;
+            uint32_t s[8];
+            if (LAYOUT == W4A16_LAYOUT_MARLIN && channelwise) {
+                // channelwise Marlin scales: within 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+                const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+#pragma unroll
+                for (int m = 0; m < 8; m++)
+                    s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
+            } else { // AWQ: position = column; Marlin grouped: position 8r + m holds column r + 8m
+                const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int m = 0; m < 8; m++) {
+                    const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
+                    s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
+                }
+            }
+            const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? j : awq_reverse(j)))) & 0xF;
+                gc[j] = make_group_const_bits<T>(s[j], z);
+            }
+        }
+        // B fragments of the warp's k16 step (rows 2q, 2q+1 | 2q+8, 2q+9 of column slot r in each block)
+        uint32_t b[8][2];
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const uint32_t *rowp = reinterpret_cast<const uint32_t *>(st + A_BYTES) + (warp * 16 + 2 * q) * SB + r;
+            const uint32_t f0 = rowp[0], f1 = rowp[SB], f2 = rowp[8 * SB], f3 = rowp[9 * SB];
+            const uint32_t lo01 = prmt(f0, f1, 0x5410u), hi01 = prmt(f0, f1, 0x7632u);
+            const uint32_t lo89 = prmt(f2, f3, 0x5410u), hi89 = prmt(f2, f3, 0x7632u);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
+                const uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
+                b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
+                b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+            }
+        } else {
+            const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + warp * (2 * BN) * 4)[lane];
+            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                b[2 * t][0] = dq_lo<T>(f[t], gc[2 * t]);
+                b[2 * t][1] = dq_hi<T>(f[t], gc[2 * t]);
+                b[2 * t + 1][0] = dq_lo<T>(f[t] >> 8, gc[2 * t + 1]);
+                b[2 * t + 1][1] = dq_hi<T>(f[t] >> 8, gc[2 * t + 1]);
+            }
+        }
+        const T *sA = reinterpret_cast<const T *>(st);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
+            uint32_t fa[4];
+            const int row = mt * 16 + (lane & 15), ch = warp * 2 + (lane >> 4);
+            ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+#pragma unroll
+            for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa, b[j]);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads(); // the pipeline buffers become the reduction buffer
+
+    float4 *red = reinterpret_cast<float4 *>(smem);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            red[((warp * MT + mt) * 8 + j) * 32 + lane] =
+                make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+    __syncthreads();
+
+    // warp w adds and stores n8 blocks 2w, 2w + 1 of every m16 tile; the four warps' sums in warp order
+    T *C = static_cast<T *>(p.C);
+    const T *bias = static_cast<const T *>(p.bias);
+    for (int mt = 0; mt < MT && mt * 16 < bs; mt++) {
+        for (int jj = 0; jj < 2; jj++) {
+            const int j = 2 * warp + jj;
+            float4 sum = red[((0 * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < WARPS; w++) {
+                const float4 v = red[((w * MT + mt) * 8 + j) * 32 + lane];
+                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+            }
+            for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
+                const int dst = s_dst[mt * 16 + r + 8 * h];
+                if (dst < 0) continue;
+                const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
+                T *crow = C + (size_t)dst * N;
+                const T *brow = bias ? bias + (size_t)e * N : nullptr;
+                const float v[2] = {h ? sum.z : sum.x, h ? sum.w : sum.y};
+                if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                    for (int c2 = 0; c2 < 2; c2++) { // C slot 2q + c2 of block j: column 16q + 8 c2 + ORDER[j]
+                        const int c = n0 + 16 * q + 8 * c2 + awq_order(j);
+                        const float x = v[c2] + (brow ? D::to_float(brow[c]) : 0.f);
+                        crow[c] = D::from_float(x * tw);
+                    }
+                } else {
+                    const int c = n0 + 8 * j + 2 * q;
+                    const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
+                    const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
+                    typename D::T2 o;
+                    o.x = D::from_float(x0 * tw);
+                    o.y = D::from_float(x1 * tw);
+                    *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+                }
+            }
+        }
+    }
+}
+
+template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
+    auto kern = gemm_kernel<T, LAYOUT, MT>;
+    const int smem = Tile<LAYOUT, MT>::smem(a.stages);
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    dim3 grid(a.grid_blocks, a.N / BN);
+    kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &a) {
+    if (a.block_size <= 16) return launch<T, LAYOUT, 1>(a);
+    if (a.block_size <= 32) return launch<T, LAYOUT, 2>(a);
+    return launch<T, LAYOUT, 4>(a);
+}
+
+} // namespace moe
+} // namespace w4a16
+
+extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, int num_experts, int block_size,
+                                      int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids,
+                                      int blocks_capacity, int32_t *num_post_padded, void *stream) {
+    const size_t smem = (size_t)(3 * num_experts + 1) * sizeof(int);
+    w4a16::moe::align_kernel<<<1, 1024, smem, static_cast<cudaStream_t>(stream)>>>(
+        topk_ids, num_entries, num_experts, block_size, sorted_ids, sorted_capacity, expert_ids, blocks_capacity,
+        num_post_padded);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
+    using namespace w4a16::moe;
+    const int mt = block_size <= 16 ? 1 : block_size <= 32 ? 2 : 4;
+    if (layout == W4A16_LAYOUT_AWQ)
+        return mt == 1 ? Tile<W4A16_LAYOUT_AWQ, 1>::smem(stages)
+               : mt == 2 ? Tile<W4A16_LAYOUT_AWQ, 2>::smem(stages) : Tile<W4A16_LAYOUT_AWQ, 4>::smem(stages);
+    return mt == 1 ? Tile<W4A16_LAYOUT_MARLIN, 1>::smem(stages)
+           : mt == 2 ? Tile<W4A16_LAYOUT_MARLIN, 2>::smem(stages) : Tile<W4A16_LAYOUT_MARLIN, 4>::smem(stages);
+}
+
+extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
+    using namespace w4a16::moe;
+    if (a->dtype == 0)
+        return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__half, W4A16_LAYOUT_AWQ>(*a)
+                                             : launch_mt<__half, W4A16_LAYOUT_MARLIN>(*a);
+    return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a)
+                                         : launch_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a);
+}
