@@ -197,9 +197,14 @@ $(BUILD)/$(BENCH_SONAME):
 $(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
-bench-build: lib $(BUILD)/bench
+# the MoE family (bench/bench_moe.cc): grouped GEMMs of four MoE models' expert layers; options in BENCH_MOE_ARGS
+$(BUILD)/bench_moe: bench/bench_moe.cc tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
+	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
+
+bench-build: lib $(BUILD)/bench $(BUILD)/bench_moe
 bench: bench-build
 	$(BUILD)/bench $(BENCH_ARGS)
+	$(BUILD)/bench_moe $(BENCH_MOE_ARGS)
 	-$(PYTHON) bench/plot $(BUILD)/bench_results.json $(BUILD)/bench_plot.png
 
 # ---- install
