@@ -16,7 +16,7 @@
 namespace w4a16 {
 namespace moe {
 
-constexpr int THREADS = 128, WARPS = 4, BN = 64, BK = 64;
+constexpr int THREADS = 128, WARPS = 4;
 
 // ---------------------------------------------------------------- routing
 // One block: per-expert counts in shared memory, a warp scan of the padded counts, then every pair is scattered to
@@ -76,27 +76,42 @@ __global__ void __launch_bounds__(1024) align_kernel(const int32_t *ids, int n, 
 }
 
 // ---------------------------------------------------------------- grouped GEMM
-template <int LAYOUT, int MT> struct Tile {
-    static constexpr int BM = 16 * MT;
+// Tile of one block (4 warps): BM = 16 MT rows (the routing block), BN = 64 WN channels, BK = 16 WK KS k per stage;
+// warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage.
+// The configs per routing block size (moe_config below): 16 rows: 1 x 64 channels, the 4 warps splitting 128 k (more
+// bytes in flight per block where few blocks exist); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels, no
+// K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
+template <int LAYOUT, int MT, int WN, int KS> struct Tile {
+    static constexpr int WK = WARPS / WN;
+    static constexpr int BM = 16 * MT, BN = 64 * WN, BK = 16 * WK * KS;
+    static constexpr int SLOTS = BK / 32; // scale / zero-point rows a stage can touch (G >= 32)
     static constexpr int A_BYTES = BM * BK * 2;
     static constexpr int SB = BN / 8 + 4; // AWQ: padded words per row, a fragment's 4 row loads hit distinct banks
     static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
-    static constexpr int S_BYTES = 2 * BN * 2, Z_BYTES = 2 * (BN / 8) * 4; // two group slots (G >= 32)
+    static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
-    static constexpr int RED = WARPS * MT * 8 * 32 * 16; // every warp's accumulators as float4
+    static constexpr int RED = WK > 1 ? WARPS * MT * 8 * 32 * 16 : 0; // every warp's accumulators as float4
+    static constexpr int A_PER = BM * (BK / 8) / THREADS;             // 16-byte chunks per thread and stage
+    static constexpr int B_CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2; // chunks per smem row
+    static constexpr int B_ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
+    static constexpr int B_PER = B_ROWS * B_CPR / THREADS;
+    static_assert(A_PER * THREADS == BM * (BK / 8) && B_PER * THREADS == B_ROWS * B_CPR, "whole chunks per thread");
+    static_assert(SLOTS * (BN / 8) <= 64 && SLOTS * (BN / 32) <= 32, "scale and zero-point copy threads");
     static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
 };
 
-template <typename T, int LAYOUT, int MT>
+template <typename T, int LAYOUT, int MT, int WN, int KS>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
     using D = Dtype<T>;
-    using TL = Tile<LAYOUT, MT>;
-    constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
-    constexpr int STAGE = TL::STAGE, SB = TL::SB;
+    using TL = Tile<LAYOUT, MT, WN, KS>;
+    constexpr int WK = TL::WK, BM = TL::BM, BN = TL::BN, BK = TL::BK, SB = TL::SB;
+    constexpr int A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES, STAGE = TL::STAGE;
+    constexpr int CH = BK / 8; // A chunks per row
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_src[BM], s_dst[BM]; // per row: A row and C row, -1 for padding
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
+    const int wn = warp % WN, wk = warp / WN;
     const int blk = blockIdx.x, n0 = blockIdx.y * BN, bs = p.block_size;
     if ((long long)blk * bs >= (long long)*p.num_post_padded) return; // uniform over the block
     const int e = p.expert_ids[blk];
@@ -112,64 +127,77 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     }
     __syncthreads();
 
-    const int N = p.N, K = p.K, nk = K / BK, stages = p.stages, gshift = p.gshift;
-    const int g_last = (K - 1) >> gshift, slots = (BK >> gshift) > 1 ? 2 : 1;
+    const int N = p.N, K = p.K, nk = (K + BK - 1) / BK, stages = p.stages, gshift = p.gshift;
+    const int g_last = (K - 1) >> gshift, groups = g_last + 1;
+    const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
     const T *A = static_cast<const T *>(p.A);
 
-    // ---- per-thread copy plans: A chunks (MT per thread), one weight chunk, at most one scale / zero chunk
-    const T *a_src[MT];
-    bool a_on[MT];
-    uint32_t a_dst[MT];
-    {
-        const int row0 = tid >> 3, ch = tid & 7;
+    // ---- per-thread copy plans. Chunks past K (a K tail, K % BK = 64) or past N are zero-filled: zero activations
+    // and finite dequantised zero weights add nothing.
+    const T *a_src[TL::A_PER];
+    int a_k[TL::A_PER]; // first k of the chunk, -1 for padding rows
+    uint32_t a_dst[TL::A_PER];
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const int row = row0 + 16 * i, src = s_src[row];
-            a_on[i] = src >= 0;
-            a_src[i] = A + (a_on[i] ? (size_t)src * K : 0) + ch * 8;
-            a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
-        }
+    for (int i = 0; i < TL::A_PER; i++) {
+        const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
+        a_k[i] = src >= 0 ? ch * 8 : -1;
+        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8;
+        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
     }
     const uint32_t *B = static_cast<const uint32_t *>(p.B);
-    const uint32_t *b_src;
-    uint32_t b_dst;
+    const uint32_t *b_src[TL::B_PER];
+    int b_k[TL::B_PER]; // first k of the chunk's row, -1 past N
+    uint32_t b_dst[TL::B_PER];
     size_t b_step;
-    if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-        const int row = tid >> 1, ch = tid & 1;
-        b_src = B + (size_t)e * K * (N / 8) + (size_t)row * (N / 8) + n0 / 8 + ch * 4;
-        b_dst = A_BYTES + (row * SB + ch * 4) * 4;
-        b_step = (size_t)BK * (N / 8);
-    } else {
-        const int row = tid >> 5, ch = tid & 31;
-        b_src = B + (size_t)e * (K / 16) * (2 * N) + (size_t)row * (2 * N) + 2 * n0 + ch * 4;
-        b_dst = A_BYTES + (row * 2 * BN + ch * 4) * 4;
-        b_step = (size_t)(BK / 16) * (2 * N);
+#pragma unroll
+    for (int i = 0; i < TL::B_PER; i++) {
+        const int c = tid + i * THREADS, row = c / TL::B_CPR, ch = c % TL::B_CPR;
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const bool on = n0 + ch * 32 < N;
+            b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)row * (N / 8) + n0 / 8 + ch * 4 : 0);
+            b_dst[i] = A_BYTES + (row * SB + ch * 4) * 4;
+            b_k[i] = on ? row : -1;
+        } else {
+            const bool on = n0 + ch * 2 < N;
+            b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)row * (2 * N) + 2 * n0 + ch * 4 : 0);
+            b_dst[i] = A_BYTES + (row * 2 * BN + ch * 4) * 4;
+            b_k[i] = on ? 16 * row : -1;
+        }
     }
-    const int groups = g_last + 1;
+    b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
     const T *s_base = nullptr;
     int s_sl = 0;
     uint32_t s_dsto = 0;
-    if (tid < slots * 8) {
-        s_sl = tid >> 3;
-        s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + (tid & 7) * 8;
-        s_dsto = A_BYTES + B_BYTES + (s_sl * BN + (tid & 7) * 8) * 2;
+    if (tid < slots * (BN / 8)) {
+        const int ch = tid % (BN / 8);
+        s_sl = tid / (BN / 8);
+        if (n0 + ch * 8 < N) s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + ch * 8;
+        s_dsto = A_BYTES + B_BYTES + (s_sl * BN + ch * 8) * 2;
     }
     const uint32_t *z_base = nullptr;
     int z_sl = 0;
     uint32_t z_dsto = 0;
-    if (p.zeros && tid >= 64 && tid < 64 + slots * 2) {
-        const int t2 = tid - 64;
-        z_sl = t2 >> 1;
-        z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + (t2 & 1) * 4;
-        z_dsto = A_BYTES + B_BYTES + S_BYTES + (z_sl * 8 + (t2 & 1) * 4) * 4;
+    if (p.zeros && tid >= 64 && tid < 64 + slots * (BN / 32)) {
+        const int t2 = tid - 64, ch = t2 % (BN / 32);
+        z_sl = t2 / (BN / 32);
+        if (n0 + ch * 32 < N)
+            z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
+        z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
     }
     auto issue = [&](int kt, unsigned char *st) {
         const int k0 = kt * BK, g0 = k0 >> gshift;
-        cp_async16(st + b_dst, b_src + (size_t)kt * b_step, true);
+#pragma unroll
+        for (int i = 0; i < TL::B_PER; i++) {
+            const bool ok = b_k[i] >= 0 && k0 + b_k[i] < K;
+            cp_async16(st + b_dst[i], ok ? b_src[i] + (size_t)kt * b_step : B, ok);
+        }
         if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
         if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
 #pragma unroll
-        for (int i = 0; i < MT; i++) cp_async16(st + a_dst[i], a_on[i] ? a_src[i] + k0 : A, a_on[i]);
+        for (int i = 0; i < TL::A_PER; i++) {
+            const bool ok = a_k[i] >= 0 && k0 + a_k[i] < K;
+            cp_async16(st + a_dst[i], ok ? a_src[i] + k0 : A, ok);
+        }
     };
 
     float acc[MT][8][4];
@@ -185,136 +213,168 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         cp_async_commit();
     }
     const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
+    GroupConst<T> gc[8];
+    int cur_group = -1;
     for (int i = 0; i < nk; i++) {
         cp_async_wait_dyn(stages - 2);
         __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
         if (i + stages - 1 < nk) issue(i + stages - 1, smem + ((i + stages - 1) % stages) * STAGE);
         cp_async_commit();
         const unsigned char *st = smem + (i % stages) * STAGE;
-        const int k0 = i * BK, kw = k0 + 16 * warp;
-        const int sl = (kw >> gshift) - (k0 >> gshift); // 0 or 1: the group slot of this warp's k16 step
-
-        // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ 8r + ORDER[j], Marlin 8j + r)
-        GroupConst<T> gc[8];
-        {
-            const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN;
-            const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * 8;
-            uint32_t s[8];
-            if (LAYOUT == W4A16_LAYOUT_MARLIN && channelwise) {
-                // channelwise Marlin scales: within 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
-                const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+        const int k0 = i * BK;
 #pragma unroll
-                for (int m = 0; m < 8; m++)
-                    s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
-            } else { // AWQ: position = column; Marlin grouped: position 8r + m holds column r + 8m
-                const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
-                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        for (int ks = 0; ks < KS; ks++) {
+            const int kk = wk * KS + ks, g = (k0 + 16 * kk) >> gshift;
+            if (g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
+                cur_group = g;    // 8r + ORDER[j], Marlin 8j + r), from the stage's slot of group g
+                const int sl = min(g, g_last) - (k0 >> gshift);
+                const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
+                const uint32_t *sZ =
+                    reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
+                uint32_t s[8];
+                if (LAYOUT == W4A16_LAYOUT_MARLIN && channelwise) {
+                    // channelwise Marlin scales: in 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
-                for (int m = 0; m < 8; m++) {
-                    const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
-                    s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
+                    for (int m = 0; m < 8; m++)
+                        s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
+                } else { // AWQ: position = column; Marlin grouped: position 8r + m holds column r + 8m
+                    const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int m = 0; m < 8; m++) {
+                        const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
+                        s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
+                    }
+                }
+                const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? j : awq_reverse(j)))) & 0xF;
+                    gc[j] = make_group_const_bits<T>(s[j], z);
                 }
             }
-            const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+            // B fragments of k16 step kk (rows 2q, 2q+1 | 2q+8, 2q+9 of column slot r in each block)
+            uint32_t b[8][2];
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                const uint32_t *rowp =
+                    reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + wn * 8 + r;
+                const uint32_t f0 = rowp[0], f1 = rowp[SB], f2 = rowp[8 * SB], f3 = rowp[9 * SB];
+                const uint32_t lo01 = prmt(f0, f1, 0x5410u), hi01 = prmt(f0, f1, 0x7632u);
+                const uint32_t lo89 = prmt(f2, f3, 0x5410u), hi89 = prmt(f2, f3, 0x7632u);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? j : awq_reverse(j)))) & 0xF;
-                gc[j] = make_group_const_bits<T>(s[j], z);
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
+                    const uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
+                    b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
+                    b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+                }
+            } else {
+                const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + (kk * (2 * BN) + wn * 128) * 4)[lane];
+                const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    b[2 * t][0] = dq_lo<T>(f[t], gc[2 * t]);
+                    b[2 * t][1] = dq_hi<T>(f[t], gc[2 * t]);
+                    b[2 * t + 1][0] = dq_lo<T>(f[t] >> 8, gc[2 * t + 1]);
+                    b[2 * t + 1][1] = dq_hi<T>(f[t] >> 8, gc[2 * t + 1]);
+                }
             }
-        }
-        // B fragments of the warp's k16 step (rows 2q, 2q+1 | 2q+8, 2q+9 of column slot r in each block)
-        uint32_t b[8][2];
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            const uint32_t *rowp = reinterpret_cast<const uint32_t *>(st + A_BYTES) + (warp * 16 + 2 * q) * SB + r;
-            const uint32_t f0 = rowp[0], f1 = rowp[SB], f2 = rowp[8 * SB], f3 = rowp[9 * SB];
-            const uint32_t lo01 = prmt(f0, f1, 0x5410u), hi01 = prmt(f0, f1, 0x7632u);
-            const uint32_t lo89 = prmt(f2, f3, 0x5410u), hi89 = prmt(f2, f3, 0x7632u);
+            const T *sA = reinterpret_cast<const T *>(st);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
-                const uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
-                b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
-                b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+            for (int mt = 0; mt < MT; mt++) {
+                if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
+                uint32_t fa[4];
+                const int row = mt * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+#pragma unroll
+                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa, b[j]);
             }
-        } else {
-            const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + warp * (2 * BN) * 4)[lane];
-            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                b[2 * t][0] = dq_lo<T>(f[t], gc[2 * t]);
-                b[2 * t][1] = dq_hi<T>(f[t], gc[2 * t]);
-                b[2 * t + 1][0] = dq_lo<T>(f[t] >> 8, gc[2 * t + 1]);
-                b[2 * t + 1][1] = dq_hi<T>(f[t] >> 8, gc[2 * t + 1]);
-            }
-        }
-        const T *sA = reinterpret_cast<const T *>(st);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
-            uint32_t fa[4];
-            const int row = mt * 16 + (lane & 15), ch = warp * 2 + (lane >> 4);
-            ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
-#pragma unroll
-            for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa, b[j]);
         }
     }
     cp_async_wait_all();
-    __syncthreads(); // the pipeline buffers become the reduction buffer
 
-    float4 *red = reinterpret_cast<float4 *>(smem);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            red[((warp * MT + mt) * 8 + j) * 32 + lane] =
-                make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
-    __syncthreads();
-
-    // warp w adds and stores n8 blocks 2w, 2w + 1 of every m16 tile; the four warps' sums in warp order
+    // ---- epilogue: (acc + bias[e]) * topk_weights to the pairs' rows of C
     T *C = static_cast<T *>(p.C);
-    const T *bias = static_cast<const T *>(p.bias);
-    for (int mt = 0; mt < MT && mt * 16 < bs; mt++) {
-        for (int jj = 0; jj < 2; jj++) {
-            const int j = 2 * warp + jj;
-            float4 sum = red[((0 * MT + mt) * 8 + j) * 32 + lane];
+    const T *brow = p.bias ? static_cast<const T *>(p.bias) + (size_t)e * N : nullptr;
+    auto store = [&](int mt, int j, int col_base, float4 sum) {
+        for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
+            const int dst = s_dst[mt * 16 + r + 8 * h];
+            if (dst < 0) continue;
+            const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
+            T *crow = C + (size_t)dst * N;
+            const float v[2] = {h ? sum.z : sum.x, h ? sum.w : sum.y};
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                for (int c2 = 0; c2 < 2; c2++) { // C slot 2q + c2 of block j: column 16q + 8 c2 + ORDER[j]
+                    const int c = col_base + 16 * q + 8 * c2 + awq_order(j);
+                    const float x = v[c2] + (brow ? D::to_float(brow[c]) : 0.f);
+                    crow[c] = D::from_float(x * tw);
+                }
+            } else {
+                const int c = col_base + 8 * j + 2 * q;
+                const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
+                const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
+                typename D::T2 o;
+                o.x = D::from_float(x0 * tw);
+                o.y = D::from_float(x1 * tw);
+                *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+            }
+        }
+    };
+    if constexpr (WK == 1) {
+        const int col_base = n0 + wn * 64;
+        if (col_base >= N) return;
 #pragma unroll
-            for (int w = 1; w < WARPS; w++) {
-                const float4 v = red[((w * MT + mt) * 8 + j) * 32 + lane];
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt * 16 >= bs) break;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                store(mt, j, col_base, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+        }
+    } else {
+        __syncthreads(); // the pipeline buffers become the reduction buffer
+        float4 *red = reinterpret_cast<float4 *>(smem);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                red[((warp * MT + mt) * 8 + j) * 32 + lane] =
+                    make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        __syncthreads();
+        // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
+        for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
+            const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+            if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+            float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < WK; w++) {
+                const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
                 sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
             }
-            for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
-                const int dst = s_dst[mt * 16 + r + 8 * h];
-                if (dst < 0) continue;
-                const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
-                T *crow = C + (size_t)dst * N;
-                const T *brow = bias ? bias + (size_t)e * N : nullptr;
-                const float v[2] = {h ? sum.z : sum.x, h ? sum.w : sum.y};
-                if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                    for (int c2 = 0; c2 < 2; c2++) { // C slot 2q + c2 of block j: column 16q + 8 c2 + ORDER[j]
-                        const int c = n0 + 16 * q + 8 * c2 + awq_order(j);
-                        const float x = v[c2] + (brow ? D::to_float(brow[c]) : 0.f);
-                        crow[c] = D::from_float(x * tw);
-                    }
-                } else {
-                    const int c = n0 + 8 * j + 2 * q;
-                    const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
-                    const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
-                    typename D::T2 o;
-                    o.x = D::from_float(x0 * tw);
-                    o.y = D::from_float(x1 * tw);
-                    *reinterpret_cast<typename D::T2 *>(crow + c) = o;
-                }
-            }
+            store(mt, j, n0 + gn * 64, sum);
         }
     }
 }
 
+// Tile config per routing block size: <MT, WN, KS> (see Tile).
+#define W4A16_MOE_CONFIGS(X) X(1, 1, 2) X(2, 2, 2) X(4, 4, 4)
+template <int MT> struct Cfg;
+#define W4A16_MOE_CFG_(mt, wn, ks) \
+    template <> struct Cfg<mt> { static constexpr int WN = wn, KS = ks; };
+W4A16_MOE_CONFIGS(W4A16_MOE_CFG_)
+#undef W4A16_MOE_CFG_
+
+template <int LAYOUT, int MT> int smem_of(int stages) {
+    return Tile<LAYOUT, MT, Cfg<MT>::WN, Cfg<MT>::KS>::smem(stages);
+}
+
 template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
-    auto kern = gemm_kernel<T, LAYOUT, MT>;
-    const int smem = Tile<LAYOUT, MT>::smem(a.stages);
+    constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS, BN = 64 * WN;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS>;
+    const int smem = smem_of<LAYOUT, MT>(a.stages);
     cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    dim3 grid(a.grid_blocks, a.N / BN);
+    dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN);
     kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
     return cudaGetLastError();
 }
@@ -342,10 +402,10 @@ extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
     using namespace w4a16::moe;
     const int mt = block_size <= 16 ? 1 : block_size <= 32 ? 2 : 4;
     if (layout == W4A16_LAYOUT_AWQ)
-        return mt == 1 ? Tile<W4A16_LAYOUT_AWQ, 1>::smem(stages)
-               : mt == 2 ? Tile<W4A16_LAYOUT_AWQ, 2>::smem(stages) : Tile<W4A16_LAYOUT_AWQ, 4>::smem(stages);
-    return mt == 1 ? Tile<W4A16_LAYOUT_MARLIN, 1>::smem(stages)
-           : mt == 2 ? Tile<W4A16_LAYOUT_MARLIN, 2>::smem(stages) : Tile<W4A16_LAYOUT_MARLIN, 4>::smem(stages);
+        return mt == 1 ? smem_of<W4A16_LAYOUT_AWQ, 1>(stages)
+               : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages) : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
+    return mt == 1 ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
+           : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages) : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {

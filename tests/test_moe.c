@@ -456,7 +456,7 @@ typedef struct moe_case {
 /* Every T of {1, 2, 7, 16, 33, 64, 256, 1024, 4096}, E of {8, 64, 128, 512} and top_k of {1, 2, 8, 10} appears. */
 static const moe_case cases[] = {
     {1, 8, 2, 256, 192, IDS_DISTINCT},    {2, 64, 8, 256, 128, IDS_DISTINCT}, {7, 128, 10, 128, 128, IDS_DUP},
-    {16, 512, 10, 128, 128, IDS_DISTINCT}, {33, 8, 1, 256, 192, IDS_DISTINCT}, {64, 64, 2, 128, 256, IDS_ONE},
+    {16, 512, 10, 128, 128, IDS_DISTINCT}, {33, 8, 1, 192, 192, IDS_DISTINCT}, {64, 64, 2, 128, 256, IDS_ONE},
     {256, 128, 8, 128, 128, IDS_FEW},      {1024, 8, 2, 128, 128, IDS_DROP},   {4096, 64, 1, 128, 64, IDS_DISTINCT},
     {4096, 8, 10, 64, 64, IDS_DUP},
 };
