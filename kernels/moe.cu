@@ -113,20 +113,13 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
     const int wn = warp % WN, wk = warp / WN;
     const int blk = blockIdx.x, n0 = blockIdx.y * BN, bs = p.block_size;
-    if ((long long)blk * bs >= (long long)*p.num_post_padded) return; // uniform over the block
-    const int e = p.expert_ids[blk];
-    if (e < 0 || e >= p.num_experts) return;
-    const int entries = p.M * p.top_k;
-    if (tid < BM) {
-        int id = -1;
-        const long long pos = (long long)blk * bs + tid;
-        if (tid < bs && pos < p.sorted_capacity) id = p.sorted_ids[pos];
-        const bool ok = id >= 0 && id < entries;
-        s_src[tid] = ok ? id / p.top_k : -1;
-        s_dst[tid] = ok ? id : -1;
-    }
-    __syncthreads();
-
+    // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
+    // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them)
+    const int npp = *p.num_post_padded, e = p.expert_ids[blk];
+    int id = -1;
+    if (tid < BM && tid < bs && (long long)blk * bs + tid < p.sorted_capacity)
+        id = p.sorted_ids[(size_t)blk * bs + tid];
+    if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
     const int N = p.N, K = p.K, nk = (K + BK - 1) / BK, stages = p.stages, gshift = p.gshift;
     const int g_last = (K - 1) >> gshift, groups = g_last + 1;
     const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
@@ -134,16 +127,6 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 
     // ---- per-thread copy plans. Chunks past K (a K tail, K % BK = 64) or past N are zero-filled: zero activations
     // and finite dequantised zero weights add nothing.
-    const T *a_src[TL::A_PER];
-    int a_k[TL::A_PER]; // first k of the chunk, -1 for padding rows
-    uint32_t a_dst[TL::A_PER];
-#pragma unroll
-    for (int i = 0; i < TL::A_PER; i++) {
-        const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
-        a_k[i] = src >= 0 ? ch * 8 : -1;
-        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8;
-        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
-    }
     const uint32_t *B = static_cast<const uint32_t *>(p.B);
     const uint32_t *b_src[TL::B_PER];
     int b_k[TL::B_PER]; // first k of the chunk's row, -1 past N
@@ -184,7 +167,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
         z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
     }
-    auto issue = [&](int kt, unsigned char *st) {
+    auto issue_w = [&](int kt, unsigned char *st) { // weights, scales, zero points of k-tile kt
         const int k0 = kt * BK, g0 = k0 >> gshift;
 #pragma unroll
         for (int i = 0; i < TL::B_PER; i++) {
@@ -193,6 +176,27 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         }
         if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
         if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
+    };
+    // the first stages' weights need only the expert: they are on their way while the rows are gathered
+    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(s, smem + s * STAGE);
+    if (tid < BM) {
+        const bool ok = id >= 0 && id < p.M * p.top_k;
+        s_src[tid] = ok ? id / p.top_k : -1;
+        s_dst[tid] = ok ? id : -1;
+    }
+    __syncthreads();
+    const T *a_src[TL::A_PER];
+    int a_k[TL::A_PER]; // first k of the chunk, -1 for padding rows
+    uint32_t a_dst[TL::A_PER];
+#pragma unroll
+    for (int i = 0; i < TL::A_PER; i++) {
+        const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
+        a_k[i] = src >= 0 ? ch * 8 : -1;
+        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8;
+        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+    }
+    auto issue_a = [&](int kt, unsigned char *st) { // the gathered activation rows of k-tile kt
+        const int k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < TL::A_PER; i++) {
             const bool ok = a_k[i] >= 0 && k0 + a_k[i] < K;
@@ -208,20 +212,38 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    for (int s = 0; s < stages - 1; s++) {
-        if (s < nk) issue(s, smem + s * STAGE);
+    for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
+        if (s < nk) issue_a(s, smem + s * STAGE);
         cp_async_commit();
     }
     const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
+    // the packed weights a thread needs for k16 step kk of a stage: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r of the
+    // warp's 64 channels; Marlin the lane's 16 bytes of them
+    auto fetch = [&](const unsigned char *st, int kk, uint32_t(&f)[4]) {
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const uint32_t *rowp =
+                reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + wn * 8 + r;
+            f[0] = rowp[0]; f[1] = rowp[SB]; f[2] = rowp[8 * SB]; f[3] = rowp[9 * SB];
+        } else {
+            const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + (kk * (2 * BN) + wn * 128) * 4)[lane];
+            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+        }
+    };
     GroupConst<T> gc[8];
     int cur_group = -1;
     for (int i = 0; i < nk; i++) {
         cp_async_wait_dyn(stages - 2);
         __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
-        if (i + stages - 1 < nk) issue(i + stages - 1, smem + ((i + stages - 1) % stages) * STAGE);
+        if (i + stages - 1 < nk) {
+            unsigned char *nx = smem + ((i + stages - 1) % stages) * STAGE;
+            issue_w(i + stages - 1, nx);
+            issue_a(i + stages - 1, nx);
+        }
         cp_async_commit();
         const unsigned char *st = smem + (i % stages) * STAGE;
         const int k0 = i * BK;
+        uint32_t fr[2][4]; // packed weights of two k16 steps
+        fetch(st, wk * KS, fr[0]);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const int kk = wk * KS + ks, g = (k0 + 16 * kk) >> gshift;
@@ -233,7 +255,8 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                     reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
                 uint32_t s[8];
                 if (LAYOUT == W4A16_LAYOUT_MARLIN && channelwise) {
-                    // channelwise Marlin scales: in 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+                    // channelwise Marlin scales: in 32 columns, position 8i + t holds column
+                    // 2i + {0,1,8,9,16,17,24,25}[t]
                     const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
                     for (int m = 0; m < 8; m++)
@@ -254,14 +277,15 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                     gc[j] = make_group_const_bits<T>(s[j], z);
                 }
             }
+            // the next k16 step's packed weights are read before this one's are dequantised and multiplied, and
+            // the next m16 tile's A fragment before this one's products (mma and ldmatrix do not reorder)
+            if (ks + 1 < KS) fetch(st, kk + 1, fr[(ks + 1) & 1]);
+            const uint32_t *f = fr[ks & 1];
             // B fragments of k16 step kk (rows 2q, 2q+1 | 2q+8, 2q+9 of column slot r in each block)
             uint32_t b[8][2];
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                const uint32_t *rowp =
-                    reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + wn * 8 + r;
-                const uint32_t f0 = rowp[0], f1 = rowp[SB], f2 = rowp[8 * SB], f3 = rowp[9 * SB];
-                const uint32_t lo01 = prmt(f0, f1, 0x5410u), hi01 = prmt(f0, f1, 0x7632u);
-                const uint32_t lo89 = prmt(f2, f3, 0x5410u), hi89 = prmt(f2, f3, 0x7632u);
+                const uint32_t lo01 = prmt(f[0], f[1], 0x5410u), hi01 = prmt(f[0], f[1], 0x7632u);
+                const uint32_t lo89 = prmt(f[2], f[3], 0x5410u), hi89 = prmt(f[2], f[3], 0x7632u);
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     const uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
@@ -270,8 +294,6 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                     b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
                 }
             } else {
-                const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + (kk * (2 * BN) + wn * 128) * 4)[lane];
-                const uint32_t f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     b[2 * t][0] = dq_lo<T>(f[t], gc[2 * t]);
@@ -281,14 +303,19 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 }
             }
             const T *sA = reinterpret_cast<const T *>(st);
+            const int ch = kk * 2 + (lane >> 4);
+            auto load_a = [&](int mt, uint32_t(&fa)[4]) {
+                const int row = mt * 16 + (lane & 15);
+                ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+            };
+            uint32_t fa[2][4];
+            load_a(0, fa[0]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
-                uint32_t fa[4];
-                const int row = mt * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+                if (mt + 1 < MT && (mt + 1) * 16 < bs) load_a(mt + 1, fa[(mt + 1) & 1]);
 #pragma unroll
-                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa, b[j]);
+                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
             }
         }
     }
