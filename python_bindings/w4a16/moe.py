@@ -9,35 +9,16 @@ Weights are stacked per expert: Marlin layout weight [E, K/16, 2N], scales [E, K
 [E, K/G, N/8] (AWQ) or None (symmetric GPTQ); or the AWQ checkpoint layout qweight [E, K, N/8], scales [E, K/G, N],
 qzeros [E, K/G, N/8]. For fused_moe, w13 holds the gate and up projections stacked along N (N = 2 I, gate first)
 and w2 the down projection (K = I)."""
-import ctypes
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _lib
-
-_c = ctypes
-_P, _I = _c.c_void_p, _c.c_int
-_raw = _lib._lib
-for _name, _args in {
-    "w4a16_moe_align_sizes": [_I, _I, _I, _I, _c.POINTER(_I), _c.POINTER(_I)],
-    "w4a16_moe_align_block_size": [_P, _I, _I, _I, _I, _P, _I, _P, _I, _P, _P],
-    "w4a16_moe_marlin_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
-    "w4a16_moe_awq_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
-    "w4a16_moe_marlin_repack_awq": [_P, _P, _I, _I, _I, _P],
-    "w4a16_moe_marlin_repack_gptq": [_P, _P, _P, _I, _I, _I, _P],
-    "w4a16_moe_marlin_permute_scales": [_P, _P, _I, _I, _I, _I, _I, _P],
-    "w4a16_moe_marlin_awq_zero_points": [_P, _P, _I, _I, _I, _I, _P],
-}.items():
-    getattr(_raw, _name).argtypes = _args
-    getattr(_raw, _name).restype = _c.c_int
+from . import _moe_lib as raw
+from ._moe_lib import align_sizes  # noqa: F401 (re-exported)
 
 _DT = {torch.float16: _lib.FP16, torch.bfloat16: _lib.BF16}
-
-
-def _call(name, *args):
-    _lib._check(getattr(_raw, name)(*args), name)
 
 
 def _check(cond, msg):
@@ -54,23 +35,15 @@ def _cuda_contig(name, t, dtype=None):
 
 
 def _ptr(t):
-    return t.data_ptr() if t is not None else None
+    return t.data_ptr() if t is not None else 0
 
 
 def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream or None
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _group(size_k, scale_rows):
     return -1 if scale_rows == 1 else size_k // scale_rows
-
-
-def align_sizes(num_tokens, top_k, num_experts, block_size):
-    """(sorted_capacity, blocks_capacity): the routing buffers' sizes (w4a16_moe_align_sizes)."""
-    sc, bc = _I(), _I()
-    _call("w4a16_moe_align_sizes", int(num_tokens), int(top_k), int(num_experts), int(block_size), _c.byref(sc),
-          _c.byref(bc))
-    return sc.value, bc.value
 
 
 def choose_block_size(num_tokens, top_k, num_experts):
@@ -93,9 +66,9 @@ def moe_align_block_size(topk_ids: Tensor, num_experts: int, block_size: int, so
     _check(topk_ids.dim() == 2, "topk_ids must be [num_tokens, top_k]")
     T, k = topk_ids.shape
     with torch.cuda.device(topk_ids.device):
-        _call("w4a16_moe_align_block_size", topk_ids.data_ptr(), T, k, num_experts, block_size,
-              sorted_token_ids.data_ptr(), sorted_token_ids.numel(), experts_ids.data_ptr(), experts_ids.numel(),
-              num_tokens_post_pad.data_ptr(), _stream(topk_ids))
+        raw.align_block_size(topk_ids.data_ptr(), T, k, num_experts, block_size, sorted_token_ids.data_ptr(),
+                             sorted_token_ids.numel(), experts_ids.data_ptr(), experts_ids.numel(),
+                             num_tokens_post_pad.data_ptr(), _stream(topk_ids))
 
 
 @moe_align_block_size.register_fake
@@ -147,11 +120,11 @@ def _grouped(layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, 
     else:
         _cuda_contig("c", c, a.dtype)
         _check(tuple(c.shape) == (size_m * top_k, size_n), "c must be [size_m * top_k, size_n]")
-    name = "w4a16_moe_marlin_gemm" if layout == "marlin" else "w4a16_moe_awq_gemm"
     with torch.cuda.device(a.device):
-        _call(name, a.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(zeros), _ptr(bias), _ptr(tw), c.data_ptr(),
-              sorted_ids.data_ptr(), expert_ids.data_ptr(), npp.data_ptr(), sorted_ids.numel(), expert_ids.numel(),
-              block_size, size_m, top_k, E, size_n, size_k, _group(size_k, groups), _DT[a.dtype], _stream(a))
+        raw.grouped_gemm(layout, a.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(zeros), _ptr(bias), _ptr(tw),
+                         c.data_ptr(), sorted_ids.data_ptr(), expert_ids.data_ptr(), npp.data_ptr(), sorted_ids.numel(),
+                         expert_ids.numel(), block_size, size_m, top_k, E, size_n, size_k, _group(size_k, groups),
+                         _DT[a.dtype], _stream(a))
     return c
 
 
@@ -247,8 +220,8 @@ def gptq_marlin_moe_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n
         _check(perm.numel() == E * size_k, "perm must be [E, size_k]")
     out = torch.empty((E, size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(b_q_weight.device):
-        _call("w4a16_moe_marlin_repack_gptq", b_q_weight.data_ptr(), perm.data_ptr() if has_perm else None,
-              out.data_ptr(), E, size_k, size_n, _stream(b_q_weight))
+        raw.repack_gptq(b_q_weight.data_ptr(), perm.data_ptr() if has_perm else 0, out.data_ptr(), E, size_k, size_n,
+                        _stream(b_q_weight))
     return out
 
 
@@ -266,8 +239,7 @@ def awq_marlin_moe_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n:
     _check(tuple(b_q_weight.shape) == (E, size_k, size_n // 8), "b_q_weight must be [E, size_k, size_n/8]")
     out = torch.empty((E, size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(b_q_weight.device):
-        _call("w4a16_moe_marlin_repack_awq", b_q_weight.data_ptr(), out.data_ptr(), E, size_k, size_n,
-              _stream(b_q_weight))
+        raw.repack_awq(b_q_weight.data_ptr(), out.data_ptr(), E, size_k, size_n, _stream(b_q_weight))
     return out
 
 
@@ -283,8 +255,8 @@ def marlin_moe_permute_scales(s: Tensor, size_k: int, size_n: int, group_size: i
     _check(s.dim() == 3 and s.shape[2] == size_n, "s must be [E, K/G, size_n]")
     out = torch.empty_like(s)
     with torch.cuda.device(s.device):
-        _call("w4a16_moe_marlin_permute_scales", s.data_ptr(), out.data_ptr(), s.shape[0], size_k, size_n, group_size,
-              _DT[s.dtype], _stream(s))
+        raw.permute_scales(s.data_ptr(), out.data_ptr(), s.shape[0], size_k, size_n, group_size, _DT[s.dtype],
+                           _stream(s))
     return out
 
 
@@ -303,8 +275,8 @@ def moe_awq_to_marlin_zero_points(q_zp_packed: Tensor, size_k: int, size_n: int,
     out = torch.empty_like(q_zp_packed)
     # rows are what matters here: size_k groups of 32 rows (one group: G = -1)
     with torch.cuda.device(q_zp_packed.device):
-        _call("w4a16_moe_marlin_awq_zero_points", q_zp_packed.data_ptr(), out.data_ptr(), q_zp_packed.shape[0],
-              size_k * 32, size_n, 32 if size_k > 1 else -1, _stream(q_zp_packed))
+        raw.awq_zero_points(q_zp_packed.data_ptr(), out.data_ptr(), q_zp_packed.shape[0], size_k * 32, size_n,
+                            32 if size_k > 1 else -1, _stream(q_zp_packed))
     return out
 
 
