@@ -58,6 +58,10 @@ w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens,
         (s = w4a16_check_ptr(num_tokens_post_padded, "num_tokens_post_padded", 4, 1)) ||
         (s = check_routing_shape(num_tokens, top_k, num_experts, block_size, &n, &cap)))
         return s;
+    /* the routing kernel's loops step through the buffers 1024 entries at a time in int */
+    if (sorted_capacity > 2147483647 - 1024 || blocks_capacity > 2147483647 - 1024)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=%d / blocks_capacity=%d: at most %d entries",
+                          sorted_capacity, blocks_capacity, 2147483647 - 1024);
     if (sorted_capacity < cap)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d is less than the %d entries "
                           "w4a16_moe_align_sizes() asks for", sorted_capacity, cap);

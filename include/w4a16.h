@@ -305,7 +305,9 @@ W4A16_API w4a16_status w4a16_moe_align_sizes(int num_tokens, int top_k, int num_
  * the expert's run), then the pad value num_tokens * top_k up to a multiple of block_size; every entry past the
  * runs holds the pad value too; expert_ids [blocks_capacity]: the expert of each block, -1 for blocks past the runs;
  * num_tokens_post_padded [1]: the length of the runs (a multiple of block_size). Capacities of at least
- * w4a16_moe_align_sizes()'s (larger ones, like vLLM's numel + E (block_size - 1), are fine). */
+ * w4a16_moe_align_sizes()'s (larger ones, like vLLM's numel + E (block_size - 1), are fine; at most 2^31 - 1025).
+ * Argument statuses as for w4a16_moe_align_sizes, W4A16_ERR_NULL_POINTER / _MISALIGNED for the buffers, and
+ * W4A16_ERR_INVALID_SHAPE for capacities below the sizes. */
 W4A16_API w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens, int top_k, int num_experts,
                                                   int block_size, int32_t *sorted_ids, int sorted_capacity,
                                                   int32_t *expert_ids, int blocks_capacity,

@@ -108,6 +108,8 @@ static void test_cpu_align_checks(void **state) {
            W4A16_ERR_INVALID_SHAPE, "sorted_capacity");
     EXPECT(w4a16_moe_align_block_size(I32(bA), 4, 2, 8, 16, I32(bR), sc, I32(bE), bc - 1, I32(bP), NULL),
            W4A16_ERR_INVALID_SHAPE, "blocks_capacity");
+    EXPECT(w4a16_moe_align_block_size(I32(bA), 4, 2, 8, 16, I32(bR), 2147483647, I32(bE), bc, I32(bP), NULL),
+           W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=2147483647");
 }
 
 static void test_cpu_gemm_checks(void **state) {
