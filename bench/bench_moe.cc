@@ -337,7 +337,8 @@ void summary() {
             dev.copy_tbps, dev.cublas_tflops);
     for (size_t i = 0; i < rows.size(); i++) {
         const Row &r = rows[i];
-        fprintf(f, "  {\"model\": \"%s\", \"gemm\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"T\": %d, \"E\": %d, "
+        fprintf(f, "  {\"model\": \"%s\", \"gemm\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"T\": %d, "
+                   "\"E\": %d, "
                    "\"top_k\": %d, \"K\": %d, \"N\": %d, \"us\": %.3f, \"floor_us\": %.3f, \"experts\": %.2f}%s\n",
                 r.model.c_str(), r.gemm.c_str(), r.path.c_str(), r.profile.c_str(), r.T, r.E, r.top_k, r.K, r.N, r.us,
                 r.floor_us, r.touched, i + 1 < rows.size() ? "," : "");

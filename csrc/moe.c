@@ -37,7 +37,8 @@ w4a16_status w4a16_moe_align_sizes(int num_tokens, int top_k, int num_experts, i
                                    int *blocks_capacity) {
     w4a16_clear_error();
     if (!sorted_capacity || !blocks_capacity)
-        return w4a16_fail(W4A16_ERR_NULL_POINTER, "%s is NULL", sorted_capacity ? "blocks_capacity" : "sorted_capacity");
+        return w4a16_fail(W4A16_ERR_NULL_POINTER, "%s is NULL",
+                          sorted_capacity ? "blocks_capacity" : "sorted_capacity");
     int n, cap;
     w4a16_status s = check_routing_shape(num_tokens, top_k, num_experts, block_size, &n, &cap);
     if (s != W4A16_OK) return s;
@@ -92,7 +93,8 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
     const w4a16_device_state *st;
     const char *wname = layout == W4A16_LAYOUT_AWQ ? "qweight" : "weight";
     const char *zname = layout == W4A16_LAYOUT_AWQ ? "qzeros" : "zeros";
-    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) || (s = w4a16_check_ptr(W, wname, 16, 1)) ||
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+        (s = w4a16_check_ptr(W, wname, 16, 1)) ||
         (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
         (s = w4a16_check_ptr(zeros, zname, 16, layout == W4A16_LAYOUT_AWQ)) ||
         (s = w4a16_check_ptr(bias, "bias", 4, 0)) || (s = w4a16_check_ptr(topk_weights, "topk_weights", 4, 0)) ||

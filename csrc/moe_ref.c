@@ -45,7 +45,8 @@ int w4a16_ref_moe_check_routing(const int32_t *topk_ids, int n, int E, int bs, c
     }
     for (int j = pos; j < sorted_cap; j++)
         if (sorted[j] != n) {
-            snprintf(msg, msg_len, "sorted[%d] = %d past the runs (%d), expected the pad value %d", j, sorted[j], pos, n);
+            snprintf(msg, msg_len, "sorted[%d] = %d past the runs (%d), expected the pad value %d", j, sorted[j], pos,
+                     n);
             goto out;
         }
     for (int b = pos / bs; b < blocks_cap; b++)

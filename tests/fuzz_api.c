@@ -73,11 +73,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int top_k = (int)take(&r, 2) - 8, E = (int)take(&r, 2) - 8, bs = (int)take(&r, 2) - 8;
         int cap = (int)take(&r, 4), bcap = (int)take(&r, 4);
         if (op == 8)
-            check(w4a16_moe_marlin_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k, E,
-                                        N, K, G, (w4a16_dtype)dt, NULL));
+            check(w4a16_moe_marlin_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k,
+                                        E, N, K, G, (w4a16_dtype)dt, NULL));
         else if (op == 9)
-            check(w4a16_moe_awq_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k, E, N,
-                                     K, G, (w4a16_dtype)dt, NULL));
+            check(w4a16_moe_awq_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k, E,
+                                     N, K, G, (w4a16_dtype)dt, NULL));
         else if (op == 10)
             check(w4a16_moe_align_block_size(b, M, top_k, E, bs, (int32_t *)f, cap, (int32_t *)(void *)ws, bcap,
                                              (int32_t *)(void *)ws, NULL));

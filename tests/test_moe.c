@@ -299,7 +299,8 @@ enum { IDS_DISTINCT, IDS_DUP, IDS_ONE, IDS_FEW, IDS_DROP };
 static const char *ids_name[] = {"distinct", "duplicates", "one expert", "few experts", "dropped pairs"};
 
 /* topk_ids [T, top_k]: distinct experts per token (a router's top-k), drawn with replacement (duplicates), all on one
- * expert, on 3 of E experts (the others empty), or distinct with about 1 in 7 pairs outside [0, E) (not this rank's). */
+ * expert, on 3 of E experts (the others empty), or distinct with about 1 in 7 pairs outside [0, E) (not this
+ * rank's). */
 static void make_ids(int32_t *ids, int T, int top_k, int E, int mode) {
     const int one = (int)(w4a16_ref_rand_u64(&seed) % E);
     for (int t = 0; t < T; t++)
