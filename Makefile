@@ -43,13 +43,13 @@ CXXFLAGS += -std=c++17 -Wall -fPIC $(CUDA_INC)
 NVFLAGS  ?= -O3 -lineinfo
 NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177
 
-LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c
-REF_C    := csrc/reference.c csrc/marlin_ref.c
+LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c csrc/moe.c
+REF_C    := csrc/reference.c csrc/marlin_ref.c csrc/moe_ref.c
 # The Hopper wgmma GEMM exists only as sm_90a machine code; it is built when ARCHS includes 90.
 WGMMA    := $(if $(filter 90,$(ARCHS)),1,)
 WGMMA_DEF := $(if $(WGMMA),-DW4A16_HAVE_WGMMA=1,)
 WGMMA_OBJ := $(if $(WGMMA),$(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_sm90_$(d)_$(l).o)),)
-LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o \
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o $(BUILD)/kernels/moe.o \
             $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o)) $(WGMMA_OBJ)
 REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
 KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h kernels/tiles.cuh kernels/gemm_sm90.cuh kernels/wgmma.cuh kernels/gemm_sm90_dense.cuh kernels/gemm_decode.cuh kernels/instance.h
@@ -68,6 +68,12 @@ lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w
 $(BUILD)/csrc/%.o: csrc/%.c include/w4a16.h csrc/internal.h csrc/reference.h $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' -c $< -o $@
+
+# mixture of experts: routing and the grouped GEMM (kernels/moe.cu), their host side (csrc/moe.c)
+$(BUILD)/kernels/moe.o: kernels/moe.cu kernels/moe_launch.h kernels/common.cuh kernels/configs.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+$(BUILD)/csrc/moe.o $(BUILD)/csrc/moe_ref.o: kernels/moe_launch.h csrc/moe_ref.h
 
 $(BUILD)/kernels/convert.o: kernels/convert.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
@@ -104,7 +110,8 @@ $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref
 
 # ---- tests
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
-TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu $(BUILD)/test_threads
+TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu $(BUILD)/test_threads \
+             $(BUILD)/test_moe
 tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0
 
 $(BUILD)/libcmocka.so.0:
@@ -125,6 +132,9 @@ $(BUILD)/test_profiles: tests/test_profiles.c tests/fuzz_stubs.c $(LIB_C) includ
 $(BUILD)/test_gpu: tests/test_gpu.c tests/gpu_util.h tests/cases.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
 
+$(BUILD)/test_moe: tests/test_moe.c tests/gpu_util.h csrc/moe_ref.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
+	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
+
 $(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS) -lpthread
 
@@ -135,6 +145,7 @@ test: lib tests
 	$(BUILD)/test_profiles
 	$(BUILD)/test_gpu
 	$(BUILD)/test_threads
+	$(BUILD)/test_moe
 	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests
 
 # compute-sanitizer (on the GPU machine): memcheck over the quick GPU suite; racecheck, initcheck and synccheck over
@@ -148,6 +159,12 @@ sanitize: lib tests
 	        > $(BUILD)/sanitize_$$t.log 2>&1 \
 	        || { tail -40 $(BUILD)/sanitize_$$t.log; echo "sanitize: $$t FAILED"; exit 1; }; \
 	    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $(BUILD)/sanitize_$$t.log; \
+	done
+	@for t in memcheck racecheck; do \
+	    echo "== compute-sanitizer --tool $$t (test_moe)"; \
+	    W4A16_TEST_QUICK=1 $(SANITIZER) --tool $$t --error-exitcode 1 $(BUILD)/test_moe > $(BUILD)/sanitize_moe_$$t.log 2>&1 \
+	        || { tail -40 $(BUILD)/sanitize_moe_$$t.log; echo "sanitize: test_moe $$t FAILED"; exit 1; }; \
+	    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $(BUILD)/sanitize_moe_$$t.log; \
 	done
 
 # a library built only for sm_80 (no PTX) must refuse a newer GPU with a clear status (GPU machine; skips elsewhere)
@@ -180,9 +197,14 @@ $(BUILD)/$(BENCH_SONAME):
 $(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
-bench-build: lib $(BUILD)/bench
+# the MoE family (bench/bench_moe.cc): grouped GEMMs of four MoE models' expert layers; options in BENCH_MOE_ARGS
+$(BUILD)/bench_moe: bench/bench_moe.cc tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
+	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
+
+bench-build: lib $(BUILD)/bench $(BUILD)/bench_moe
 bench: bench-build
 	$(BUILD)/bench $(BENCH_ARGS)
+	$(BUILD)/bench_moe $(BENCH_MOE_ARGS)
 	-$(PYTHON) bench/plot $(BUILD)/bench_results.json $(BUILD)/bench_plot.png
 
 # ---- install

@@ -274,6 +274,87 @@ W4A16_API w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin
                                             int K, int group_size, w4a16_dtype dtype, void *workspace,
                                             size_t workspace_bytes, unsigned flags, w4a16_stream_t stream);
 
+/* ---------------------------------------------------------------- mixture of experts (MoE)
+ * An MoE layer sends each token to top_k of E experts (topk_ids [T, top_k], int32 expert numbers) and sums the
+ * experts' outputs weighted by topk_weights [T, top_k] (fp32). Entry i = t * top_k + k of the flattened topk_ids is
+ * the pair (token t, its k-th expert). The grouped GEMMs below compute every pair's product with its expert's int4
+ * weights in one launch, in blocks of `block_size` pairs of one expert:
+ *
+ *   w4a16_moe_align_sizes      host: the sizes of the routing buffers below
+ *   w4a16_moe_align_block_size device: topk_ids -> sorted_ids, expert_ids, num_tokens_post_padded (vLLM's
+ *                              moe_align_block_size): the pairs grouped by expert, each expert's run padded to a
+ *                              multiple of block_size with the value T * top_k
+ *   w4a16_moe_marlin_gemm / w4a16_moe_awq_gemm: C[T * top_k, N] = A[rows] * dequant(W[e]) for each block's expert e
+ *
+ * A first MoE GEMM (tokens x experts' gate/up weights) passes A = the tokens [T, K] with top_k: pair i reads A row
+ * i / top_k. The second (the down projection) passes the first one's activated output [T * top_k, K'] as A with
+ * M = T * top_k and top_k = 1 (pair i reads row i), usually with topk_weights, and the caller sums the top_k rows of
+ * each token. Expert numbers outside [0, E) in topk_ids are dropped (expert parallelism: not this rank's expert):
+ * their pairs appear in no block and their rows of C are not written.
+ * Experts are stacked: W[e] is the e-th of E equal slices of each weight tensor ([E, ...] below). */
+
+/* Routing buffer sizes for T tokens x top_k experts of num_experts, blocks of block_size (1..1024): sorted_ids needs
+ * *sorted_capacity int32 entries (T * top_k + min(E, T * top_k) * (block_size - 1), rounded up to block_size) and
+ * expert_ids *blocks_capacity = *sorted_capacity / block_size. Returns W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE
+ * (a count < 1, num_experts > 2048, block_size out of range) or W4A16_ERR_SIZE_OVERFLOW (past 2^31 entries). */
+W4A16_API w4a16_status w4a16_moe_align_sizes(int num_tokens, int top_k, int num_experts, int block_size,
+                                             int *sorted_capacity, int *blocks_capacity);
+
+/* Routing on the GPU (one small kernel; device buffers, 4-byte aligned): from topk_ids [num_tokens * top_k] writes
+ * sorted_ids [sorted_capacity]: for each expert in turn, the indices i of its pairs (in no particular order inside
+ * the expert's run), then the pad value num_tokens * top_k up to a multiple of block_size; every entry past the
+ * runs holds the pad value too; expert_ids [blocks_capacity]: the expert of each block, -1 for blocks past the runs;
+ * num_tokens_post_padded [1]: the length of the runs (a multiple of block_size). Capacities of at least
+ * w4a16_moe_align_sizes()'s (larger ones, like vLLM's numel + E (block_size - 1), are fine; at most 2^31 - 1025).
+ * Argument statuses as for w4a16_moe_align_sizes, W4A16_ERR_NULL_POINTER / _MISALIGNED for the buffers, and
+ * W4A16_ERR_INVALID_SHAPE for capacities below the sizes. */
+W4A16_API w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens, int top_k, int num_experts,
+                                                  int block_size, int32_t *sorted_ids, int sorted_capacity,
+                                                  int32_t *expert_ids, int blocks_capacity,
+                                                  int32_t *num_tokens_post_padded, w4a16_stream_t stream);
+
+/* Grouped GEMM, Marlin layout (per expert as for w4a16_marlin_gemm): weight int32 [E, K/16, 2N], scales [E, K/G, N]
+ * in dtype (Marlin-permuted), zeros int32 [E, K/G, N/8] (Marlin order; AWQ) or NULL (symmetric GPTQ, uint4b8).
+ * For each block b < *num_tokens_post_padded / block_size with expert e = expert_ids[b] in [0, E), and each of its
+ * block_size entries i = sorted_ids[b * block_size + r] < M * top_k:
+ *   C[i, :] = (A[i / top_k, :] * dequant(W[e]) + bias[e, :]) * topk_weights[i]
+ * A [M, K], C [M * top_k, N], bias [E, N] (dtype, may be NULL), topk_weights fp32 [M * top_k] (may be NULL: factor 1).
+ * The routing buffers are those of w4a16_moe_align_block_size with the same block_size, which must be a multiple of
+ * 8 up to 64 here; sorted_capacity / blocks_capacity are their sizes (blocks_capacity * block_size >= sorted_capacity).
+ * Preconditions: M, top_k, E >= 1; N a multiple of 64; K a multiple of 64 and of G; G in {32, 64, 128, -1};
+ * A, C, weight, scales, zeros 16-byte aligned, bias, topk_weights and the routing buffers 4-byte aligned.
+ * Accumulates in fp32, deterministic (a row's result does not depend on where its entry sits in sorted_ids). */
+W4A16_API w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const void *scales,
+                                             const int32_t *zeros, const void *bias, const float *topk_weights,
+                                             void *C, const int32_t *sorted_ids, const int32_t *expert_ids,
+                                             const int32_t *num_tokens_post_padded, int sorted_capacity,
+                                             int blocks_capacity, int block_size, int M, int top_k, int num_experts,
+                                             int N, int K, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
+
+/* The same on AutoAWQ checkpoint tensors as stored, stacked: qweight [E, K, N/8], scales [E, K/G, N],
+ * qzeros [E, K/G, N/8] (required). Same preconditions. */
+W4A16_API w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight, const void *scales,
+                                          const int32_t *qzeros, const void *bias, const float *topk_weights, void *C,
+                                          const int32_t *sorted_ids, const int32_t *expert_ids,
+                                          const int32_t *num_tokens_post_padded, int sorted_capacity,
+                                          int blocks_capacity, int block_size, int M, int top_k, int num_experts,
+                                          int N, int K, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
+
+/* Converters for stacked experts: the per-expert converters above applied to each of the E slices (same output bit
+ * for bit, same preconditions per expert). perm (device int32 [E, K], may be NULL): act-order permutation per
+ * expert. */
+W4A16_API w4a16_status w4a16_moe_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int num_experts,
+                                                   int K, int N, w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_moe_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm,
+                                                    int32_t *marlin_weight, int num_experts, int K, int N,
+                                                    w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_moe_marlin_permute_scales(const void *scales, void *marlin_scales, int num_experts, int K,
+                                                       int N, int group_size, w4a16_dtype dtype,
+                                                       w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros,
+                                                        int num_experts, int K, int N, int group_size,
+                                                        w4a16_stream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,7 +56,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     reader r = {data, size};
-    int op = (int)(take(&r, 1) % 8);
+    int op = (int)(take(&r, 1) % 12);
     int M = (int)take(&r, 4), N = (int)take(&r, 4), K = (int)take(&r, 4), G = (int)take(&r, 4);
     int dt = (int)(take(&r, 1) % 4);
     size_t wsb = take(&r, 4);
@@ -69,6 +69,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4: check(w4a16_marlin_repack_gptq(b, d, (int32_t *)f, K, N, NULL)); break;
     case 5: check(w4a16_marlin_permute_scales(c, (void *)f, K, N, G, (w4a16_dtype)dt, NULL)); break;
     case 6: check(w4a16_marlin_awq_zero_points(d, (int32_t *)f, K, N, G, NULL)); break;
+    case 8: case 9: case 10: case 11: { /* mixture of experts: routing, grouped GEMMs, stacked converters */
+        int top_k = (int)take(&r, 2) - 8, E = (int)take(&r, 2) - 8, bs = (int)take(&r, 2) - 8;
+        int cap = (int)take(&r, 4), bcap = (int)take(&r, 4);
+        if (op == 8)
+            check(w4a16_moe_marlin_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k,
+                                        E, N, K, G, (w4a16_dtype)dt, NULL));
+        else if (op == 9)
+            check(w4a16_moe_awq_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k, E,
+                                     N, K, G, (w4a16_dtype)dt, NULL));
+        else if (op == 10)
+            check(w4a16_moe_align_block_size(b, M, top_k, E, bs, (int32_t *)f, cap, (int32_t *)(void *)ws, bcap,
+                                             (int32_t *)(void *)ws, NULL));
+        else {
+            int sc = -1, bc = -1;
+            w4a16_status s = w4a16_moe_align_sizes(M, top_k, E, bs, (G & 4) ? NULL : &sc, &bc);
+            if (!known_status(s) || (s != W4A16_OK && w4a16_last_error_message()[0] == '\0')) abort();
+            if (s == W4A16_OK && (sc < bs || sc % bs || bc != sc / bs || sc < M * top_k)) abort();
+            switch (G & 3) {
+            case 0: check(w4a16_moe_marlin_repack_awq(b, (int32_t *)f, E, K, N, NULL)); break;
+            case 1: check(w4a16_moe_marlin_repack_gptq(b, d, (int32_t *)f, E, K, N, NULL)); break;
+            case 2: check(w4a16_moe_marlin_permute_scales(c, (void *)f, E, K, N, M, (w4a16_dtype)dt, NULL)); break;
+            default: check(w4a16_moe_marlin_awq_zero_points(d, (int32_t *)f, E, K, N, M, NULL)); break;
+            }
+        }
+        break;
+    }
     default: { /* CPU packers: small shapes from the input, nibbles from the rest of it */
         int k = 16 * (1 + (int)(K & 3)), n = 64 * (1 + (int)(N & 1));
         uint8_t q[128 * 64], back[128 * 64];

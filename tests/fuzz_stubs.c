@@ -39,3 +39,12 @@ int w4a16_launch_permute_cols(const void *A, const int32_t *perm, void *out, int
 int w4a16_launch_gather_rows(const void *in, int ri, const int32_t *idx, void *out, int ro, int c, void *st) {
     (void)in; (void)ri; (void)idx; (void)out; (void)ro; (void)c; (void)st; abort();
 }
+/* kernels/moe_launch.h */
+#include "../kernels/moe_launch.h"
+int w4a16_launch_moe_align(const int32_t *ids, int n, int E, int bs, int32_t *sorted, int scap, int32_t *eids, int bcap,
+                           int32_t *npp, void *st) {
+    (void)ids; (void)n; (void)E; (void)bs; (void)sorted; (void)scap; (void)eids; (void)bcap; (void)npp; (void)st;
+    abort();
+}
+int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) { (void)a; abort(); }
+int w4a16_moe_smem_bytes(int bs, int layout, int stages) { (void)bs; (void)layout; (void)stages; abort(); }

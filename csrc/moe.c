@@ -1,0 +1,245 @@
+/* Mixture-of-experts entry points: routing, the grouped GEMMs and the stacked-expert converters. Every argument is
+ * checked before anything is launched; nothing is allocated and nothing synchronised. */
+#include <cuda_runtime_api.h>
+#include "internal.h"
+#include "../kernels/moe_launch.h"
+
+static w4a16_status moe_launch_status(int err, const char *op) {
+    if (err == cudaSuccess) return W4A16_OK;
+    return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
+                      cudaGetErrorString((cudaError_t)err));
+}
+
+/* The routing shape: counts >= 1, E within the routing kernel's shared memory, entries and padding within int32. */
+static w4a16_status check_routing_shape(int num_tokens, int top_k, int num_experts, int block_size, int *entries,
+                                        int *sorted_capacity) {
+    if (num_tokens < 1 || top_k < 1 || num_experts < 1)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "num_tokens=%d, top_k=%d and num_experts=%d must be at least 1",
+                          num_tokens, top_k, num_experts);
+    if (num_experts > W4A16_MOE_MAX_EXPERTS)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "num_experts=%d is more than the %d the routing supports",
+                          num_experts, W4A16_MOE_MAX_EXPERTS);
+    if (block_size < 1 || block_size > 1024)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not in 1..1024", block_size);
+    const long long n = (long long)num_tokens * top_k;
+    const long long used = n < num_experts ? n : num_experts;
+    long long cap = n + used * (block_size - 1);
+    cap = (cap + block_size - 1) / block_size * block_size;
+    if (cap > 2147483647LL - 1024)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "num_tokens=%d x top_k=%d with block_size=%d needs %lld routing "
+                          "entries, more than int32 indexes", num_tokens, top_k, block_size, cap);
+    *entries = (int)n;
+    *sorted_capacity = (int)cap;
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_moe_align_sizes(int num_tokens, int top_k, int num_experts, int block_size, int *sorted_capacity,
+                                   int *blocks_capacity) {
+    w4a16_clear_error();
+    if (!sorted_capacity || !blocks_capacity)
+        return w4a16_fail(W4A16_ERR_NULL_POINTER, "%s is NULL",
+                          sorted_capacity ? "blocks_capacity" : "sorted_capacity");
+    int n, cap;
+    w4a16_status s = check_routing_shape(num_tokens, top_k, num_experts, block_size, &n, &cap);
+    if (s != W4A16_OK) return s;
+    *sorted_capacity = cap;
+    *blocks_capacity = cap / block_size;
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens, int top_k, int num_experts,
+                                        int block_size, int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids,
+                                        int blocks_capacity, int32_t *num_tokens_post_padded, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int n, cap, device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_ptr(topk_ids, "topk_ids", 4, 1)) || (s = w4a16_check_ptr(sorted_ids, "sorted_ids", 4, 1)) ||
+        (s = w4a16_check_ptr(expert_ids, "expert_ids", 4, 1)) ||
+        (s = w4a16_check_ptr(num_tokens_post_padded, "num_tokens_post_padded", 4, 1)) ||
+        (s = check_routing_shape(num_tokens, top_k, num_experts, block_size, &n, &cap)))
+        return s;
+    /* the routing kernel's loops step through the buffers 1024 entries at a time in int */
+    if (sorted_capacity > 2147483647 - 1024 || blocks_capacity > 2147483647 - 1024)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=%d / blocks_capacity=%d: at most %d entries",
+                          sorted_capacity, blocks_capacity, 2147483647 - 1024);
+    if (sorted_capacity < cap)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d is less than the %d entries "
+                          "w4a16_moe_align_sizes() asks for", sorted_capacity, cap);
+    if (blocks_capacity < cap / block_size)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "blocks_capacity=%d is less than the %d blocks "
+                          "w4a16_moe_align_sizes() asks for", blocks_capacity, cap / block_size);
+    if ((s = w4a16_current_device(&device, &st))) return s;
+    return moe_launch_status(w4a16_launch_moe_align(topk_ids, n, num_experts, block_size, sorted_ids, sorted_capacity,
+                                                    expert_ids, blocks_capacity, num_tokens_post_padded, stream),
+                             "w4a16_moe_align_block_size");
+}
+
+/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
+static int moe_group_shift(int G) {
+    if (G & (G - 1)) return 31;
+    int s = 0;
+    while ((1 << s) < G) s++;
+    return s;
+}
+
+static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const void *scales, const int32_t *zeros,
+                             const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
+                             const int32_t *expert_ids, const int32_t *num_post_padded, int sorted_capacity,
+                             int blocks_capacity, int block_size, int M, int top_k, int E, int N, int K, int group_size,
+                             w4a16_dtype dtype, w4a16_stream_t stream, const char *op) {
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    const char *wname = layout == W4A16_LAYOUT_AWQ ? "qweight" : "weight";
+    const char *zname = layout == W4A16_LAYOUT_AWQ ? "qzeros" : "zeros";
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
+        (s = w4a16_check_ptr(W, wname, 16, 1)) ||
+        (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
+        (s = w4a16_check_ptr(zeros, zname, 16, layout == W4A16_LAYOUT_AWQ)) ||
+        (s = w4a16_check_ptr(bias, "bias", 4, 0)) || (s = w4a16_check_ptr(topk_weights, "topk_weights", 4, 0)) ||
+        (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_ptr(sorted_ids, "sorted_ids", 4, 1)) ||
+        (s = w4a16_check_ptr(expert_ids, "expert_ids", 4, 1)) ||
+        (s = w4a16_check_ptr(num_post_padded, "num_tokens_post_padded", 4, 1)))
+        return s;
+    if (M < 1 || top_k < 1 || E < 1)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d, top_k=%d and num_experts=%d must be at least 1", M, top_k, E);
+    if ((long long)M * top_k > 2147483647LL - 1024)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "M=%d x top_k=%d rows of C do not fit int32 indexes", M, top_k);
+    if (block_size < 8 || block_size > 64 || block_size % 8)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not a multiple of 8 in 8..64", block_size);
+    if (sorted_capacity < block_size || blocks_capacity < 1)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d must hold a block of %d and blocks_capacity=%d "
+                          "at least 1", sorted_capacity, block_size, blocks_capacity);
+    if ((long long)blocks_capacity * block_size < sorted_capacity)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "blocks_capacity=%d x block_size=%d is less than sorted_capacity=%d",
+                          blocks_capacity, block_size, sorted_capacity);
+    if ((s = w4a16_check_gemm_shape(M, N, K, group_size, 64, &G)) ||
+        (s = w4a16_check_size("C[M*top_k,N]", (long long)M * top_k, N)) ||
+        (s = w4a16_check_size("W[E,K,N]", (long long)E * K, N)))
+        return s;
+    if ((s = w4a16_current_device(&device, &st))) return s;
+    w4a16_moe_launch a = {0};
+    a.A = A; a.B = W; a.scales = scales; a.zeros = zeros; a.bias = bias; a.topk_weights = topk_weights; a.C = C;
+    a.sorted_ids = sorted_ids; a.expert_ids = expert_ids; a.num_post_padded = num_post_padded;
+    a.sorted_capacity = sorted_capacity;
+    a.grid_blocks = (sorted_capacity + block_size - 1) / block_size;
+    a.block_size = block_size; a.M = M; a.top_k = top_k; a.num_experts = E; a.N = N; a.K = K;
+    a.gshift = moe_group_shift(G);
+    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
+    a.dtype = dtype; a.layout = layout;
+    /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
+     * 100 KB parts (sm_86/89/120/121 profiles), so two blocks of the largest tile still fit an SM */
+    a.stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
+    if ((size_t)w4a16_moe_smem_bytes(block_size, layout, a.stages) > st->smem_optin)
+        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE, "%s: block_size=%d needs %d bytes of shared memory; device %d "
+                          "allows %zu", op, block_size, w4a16_moe_smem_bytes(block_size, layout, a.stages), device,
+                          st->smem_optin);
+    a.stream = stream;
+    return moe_launch_status(w4a16_launch_moe_gemm(&a), op);
+}
+
+w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const void *scales, const int32_t *zeros,
+                                   const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
+                                   const int32_t *expert_ids, const int32_t *num_tokens_post_padded,
+                                   int sorted_capacity, int blocks_capacity, int block_size, int M, int top_k,
+                                   int num_experts, int N, int K, int group_size, w4a16_dtype dtype,
+                                   w4a16_stream_t stream) {
+    w4a16_clear_error();
+    return moe_gemm(W4A16_LAYOUT_MARLIN, A, weight, scales, zeros, bias, topk_weights, C, sorted_ids, expert_ids,
+                    num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
+                    group_size, dtype, stream, "w4a16_moe_marlin_gemm");
+}
+
+w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
+                                const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
+                                const int32_t *expert_ids, const int32_t *num_tokens_post_padded, int sorted_capacity,
+                                int blocks_capacity, int block_size, int M, int top_k, int num_experts, int N, int K,
+                                int group_size, w4a16_dtype dtype, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    return moe_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, topk_weights, C, sorted_ids, expert_ids,
+                    num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
+                    group_size, dtype, stream, "w4a16_moe_awq_gemm");
+}
+
+/* ---------------------------------------------------------------- stacked converters: the per-expert launches with
+ * offsets, after the per-expert checks (each slice is 16-byte aligned when the stack is: its size in bytes is a
+ * multiple of 16 under the shape rules) */
+static w4a16_status check_stack(const void *in, const void *out, int E, int K, int N, int k_multiple) {
+    w4a16_status s;
+    if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
+    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
+    if (E < 1) return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "num_experts=%d must be at least 1", E);
+    if ((s = w4a16_check_gemm_shape(1, N, K, -1, k_multiple, NULL))) return s;
+    return w4a16_check_size("W[E,K,N]", (long long)E * K, N);
+}
+
+w4a16_status w4a16_moe_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int num_experts, int K,
+                                         int N, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = check_stack(awq_qweight, marlin_weight, num_experts, K, N, 16)) ||
+        (s = w4a16_current_device(&device, &st)))
+        return s;
+    const size_t words = (size_t)K * N / 8;
+    for (int e = 0; e < num_experts; e++) {
+        int err = w4a16_launch_repack_awq(awq_qweight + e * words, marlin_weight + e * words, K, N, stream);
+        if (err) return moe_launch_status(err, "w4a16_moe_marlin_repack_awq");
+    }
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_moe_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm, int32_t *marlin_weight,
+                                          int num_experts, int K, int N, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int device;
+    const w4a16_device_state *st;
+    if ((s = check_stack(gptq_qweight, marlin_weight, num_experts, K, N, 16)) ||
+        (s = w4a16_check_ptr(perm, "perm", 4, 0)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    const size_t words = (size_t)K * N / 8;
+    for (int e = 0; e < num_experts; e++) {
+        int err = w4a16_launch_repack_gptq(gptq_qweight + e * words, perm ? perm + (size_t)e * K : NULL,
+                                           marlin_weight + e * words, K, N, stream);
+        if (err) return moe_launch_status(err, "w4a16_moe_marlin_repack_gptq");
+    }
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_moe_marlin_permute_scales(const void *scales, void *marlin_scales, int num_experts, int K, int N,
+                                             int group_size, w4a16_dtype dtype, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if ((s = w4a16_check_dtype(dtype)) || (s = check_stack(scales, marlin_scales, num_experts, K, N, 16)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    const size_t bytes = (size_t)(K / G) * N * 2;
+    for (int e = 0; e < num_experts; e++) {
+        int err = w4a16_launch_permute_scales((const char *)scales + e * bytes, (char *)marlin_scales + e * bytes,
+                                              K / G, N, G == K, stream);
+        if (err) return moe_launch_status(err, "w4a16_moe_marlin_permute_scales");
+    }
+    return W4A16_OK;
+}
+
+w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int num_experts,
+                                              int K, int N, int group_size, w4a16_stream_t stream) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if ((s = check_stack(awq_qzeros, marlin_zeros, num_experts, K, N, 16)) ||
+        (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    const size_t words = (size_t)(K / G) * N / 8;
+    for (int e = 0; e < num_experts; e++) {
+        int err = w4a16_launch_awq_zero_points(awq_qzeros + e * words, marlin_zeros + e * words, K / G, N, stream);
+        if (err) return moe_launch_status(err, "w4a16_moe_marlin_awq_zero_points");
+    }
+    return W4A16_OK;
+}

@@ -1,0 +1,445 @@
+// Mixture-of-experts kernels: the routing (pairs grouped by expert, padded to the block size) and the grouped int4
+// GEMM that multiplies each block of pairs by its expert's weights.
+//
+// Grouped GEMM: one block of 4 warps computes one routing block (block_size <= 64 pairs of one expert, BM = 16 MT rows)
+// x 64 output channels. A's rows are gathered through sorted_ids while they are copied into shared memory (rows of
+// padding entries are zero-filled and never stored). A stage holds BK = 64 k: the gathered A tile (16-byte chunks
+// XOR-swizzled by row for ldmatrix), the expert's packed weights, and the scale / zero-point rows of the (at most two)
+// groups the stage touches. Each warp takes one k16 step of every stage (mma.sync m16n8k16, B fragments dequantised
+// in registers with common.cuh's magic-number helpers); the four warps' fp32 sums are added in warp order through
+// shared memory at the end, so a row's result does not depend on which other rows share its block.
+#include <cuda_runtime.h>
+#include "common.cuh"
+#include "configs.h"
+#include "moe_launch.h"
+
+namespace w4a16 {
+namespace moe {
+
+constexpr int THREADS = 128, WARPS = 4;
+
+// ---------------------------------------------------------------- routing
+// One block: per-expert counts in shared memory, a warp scan of the padded counts, then every pair is scattered to
+// its expert's run. Entries outside [0, E) are dropped.
+__global__ void __launch_bounds__(1024) align_kernel(const int32_t *ids, int n, int E, int bs, int32_t *sorted,
+                                                     int sorted_cap, int32_t *expert_ids, int blocks_cap,
+                                                     int32_t *npp) {
+    extern __shared__ int sm[];
+    int *cnt = sm, *off = sm + E, *fill = sm + 2 * E + 1; // off has E + 1 entries
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < E; e += nt) cnt[e] = fill[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += nt) {
+        const int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) { // lane l scans a contiguous range of experts, the warp adds the ranges' sums
+        const int per = (E + 31) / 32, e0 = tid * per, e1 = min(E, e0 + per);
+        int sum = 0;
+        for (int e = e0; e < e1; e++) sum += (cnt[e] + bs - 1) / bs * bs;
+        int incl = sum;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+            if (tid >= d) incl += v;
+        }
+        int run = incl - sum;
+        for (int e = e0; e < e1; e++) {
+            off[e] = run;
+            run += (cnt[e] + bs - 1) / bs * bs;
+        }
+        if (tid == 31) off[E] = incl;
+    }
+    __syncthreads();
+    const int total = off[E];
+    if (tid == 0) *npp = total;
+    for (int i = tid; i < sorted_cap; i += nt) sorted[i] = n;
+    for (int b = tid; b < blocks_cap; b += nt) {
+        int e = -1;
+        if ((long long)b * bs < total) { // the last expert whose run starts at or before the block
+            const int x = b * bs;
+            int lo = 0, hi = E - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (off[mid] <= x) lo = mid;
+                else hi = mid - 1;
+            }
+            e = lo;
+        }
+        expert_ids[b] = e;
+    }
+    __syncthreads(); // the pad values are in place before the scatter overwrites some of them
+    for (int i = tid; i < n; i += nt) {
+        const int e = ids[i];
+        if (e >= 0 && e < E) sorted[off[e] + atomicAdd(&fill[e], 1)] = i;
+    }
+}
+
+// ---------------------------------------------------------------- grouped GEMM
+// Tile of one block (4 warps): BM = 16 MT rows (the routing block), BN = 64 WN channels, BK = 16 WK KS k per stage;
+// warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage.
+// The configs per routing block size (moe_config below): 16 rows: 1 x 64 channels, the 4 warps splitting 128 k (more
+// bytes in flight per block where few blocks exist); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels, no
+// K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
+template <int LAYOUT, int MT, int WN, int KS> struct Tile {
+    static constexpr int WK = WARPS / WN;
+    static constexpr int BM = 16 * MT, BN = 64 * WN, BK = 16 * WK * KS;
+    static constexpr int SLOTS = BK / 32; // scale / zero-point rows a stage can touch (G >= 32)
+    static constexpr int A_BYTES = BM * BK * 2;
+    static constexpr int SB = BN / 8 + 4; // AWQ: padded words per row, a fragment's 4 row loads hit distinct banks
+    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
+    static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
+    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int RED = WK > 1 ? WARPS * MT * 8 * 32 * 16 : 0; // every warp's accumulators as float4
+    static constexpr int A_PER = BM * (BK / 8) / THREADS;             // 16-byte chunks per thread and stage
+    static constexpr int B_CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2; // chunks per smem row
+    static constexpr int B_ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
+    static constexpr int B_PER = B_ROWS * B_CPR / THREADS;
+    static_assert(A_PER * THREADS == BM * (BK / 8) && B_PER * THREADS == B_ROWS * B_CPR, "whole chunks per thread");
+    static_assert(SLOTS * (BN / 8) <= 64 && SLOTS * (BN / 32) <= 32, "scale and zero-point copy threads");
+    static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
+};
+
+template <typename T, int LAYOUT, int MT, int WN, int KS>
+__global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
+    using D = Dtype<T>;
+    using TL = Tile<LAYOUT, MT, WN, KS>;
+    constexpr int WK = TL::WK, BM = TL::BM, BN = TL::BN, BK = TL::BK, SB = TL::SB;
+    constexpr int A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES, STAGE = TL::STAGE;
+    constexpr int CH = BK / 8; // A chunks per row
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int s_src[BM], s_dst[BM]; // per row: A row and C row, -1 for padding
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
+    const int wn = warp % WN, wk = warp / WN;
+    const int blk = blockIdx.x, n0 = blockIdx.y * BN, bs = p.block_size;
+    // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
+    // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them)
+    const int npp = *p.num_post_padded, e = p.expert_ids[blk];
+    int id = -1;
+    if (tid < BM && tid < bs && (long long)blk * bs + tid < p.sorted_capacity)
+        id = p.sorted_ids[(size_t)blk * bs + tid];
+    if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
+    const int N = p.N, K = p.K, nk = (K + BK - 1) / BK, stages = p.stages, gshift = p.gshift;
+    const int g_last = (K - 1) >> gshift, groups = g_last + 1;
+    const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
+    const T *A = static_cast<const T *>(p.A);
+
+    // ---- per-thread copy plans. Chunks past K (a K tail, K % BK = 64) or past N are zero-filled: zero activations
+    // and finite dequantised zero weights add nothing.
+    const uint32_t *B = static_cast<const uint32_t *>(p.B);
+    const uint32_t *b_src[TL::B_PER];
+    int b_k[TL::B_PER]; // first k of the chunk's row, -1 past N
+    uint32_t b_dst[TL::B_PER];
+    size_t b_step;
+#pragma unroll
+    for (int i = 0; i < TL::B_PER; i++) {
+        const int c = tid + i * THREADS, row = c / TL::B_CPR, ch = c % TL::B_CPR;
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const bool on = n0 + ch * 32 < N;
+            b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)row * (N / 8) + n0 / 8 + ch * 4 : 0);
+            b_dst[i] = A_BYTES + (row * SB + ch * 4) * 4;
+            b_k[i] = on ? row : -1;
+        } else {
+            const bool on = n0 + ch * 2 < N;
+            b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)row * (2 * N) + 2 * n0 + ch * 4 : 0);
+            b_dst[i] = A_BYTES + (row * 2 * BN + ch * 4) * 4;
+            b_k[i] = on ? 16 * row : -1;
+        }
+    }
+    b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
+    const T *s_base = nullptr;
+    int s_sl = 0;
+    uint32_t s_dsto = 0;
+    if (tid < slots * (BN / 8)) {
+        const int ch = tid % (BN / 8);
+        s_sl = tid / (BN / 8);
+        if (n0 + ch * 8 < N) s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + ch * 8;
+        s_dsto = A_BYTES + B_BYTES + (s_sl * BN + ch * 8) * 2;
+    }
+    const uint32_t *z_base = nullptr;
+    int z_sl = 0;
+    uint32_t z_dsto = 0;
+    if (p.zeros && tid >= 64 && tid < 64 + slots * (BN / 32)) {
+        const int t2 = tid - 64, ch = t2 % (BN / 32);
+        z_sl = t2 / (BN / 32);
+        if (n0 + ch * 32 < N)
+            z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
+        z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
+    }
+    auto issue_w = [&](int kt, unsigned char *st) { // weights, scales, zero points of k-tile kt
+        const int k0 = kt * BK, g0 = k0 >> gshift;
+#pragma unroll
+        for (int i = 0; i < TL::B_PER; i++) {
+            const bool ok = b_k[i] >= 0 && k0 + b_k[i] < K;
+            cp_async16(st + b_dst[i], ok ? b_src[i] + (size_t)kt * b_step : B, ok);
+        }
+        if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
+        if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
+    };
+    // the first stages' weights need only the expert: they are on their way while the rows are gathered
+    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(s, smem + s * STAGE);
+    if (tid < BM) {
+        const bool ok = id >= 0 && id < p.M * p.top_k;
+        s_src[tid] = ok ? id / p.top_k : -1;
+        s_dst[tid] = ok ? id : -1;
+    }
+    __syncthreads();
+    const T *a_src[TL::A_PER];
+    int a_k[TL::A_PER]; // first k of the chunk, -1 for padding rows
+    uint32_t a_dst[TL::A_PER];
+#pragma unroll
+    for (int i = 0; i < TL::A_PER; i++) {
+        const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
+        a_k[i] = src >= 0 ? ch * 8 : -1;
+        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8;
+        a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
+    }
+    auto issue_a = [&](int kt, unsigned char *st) { // the gathered activation rows of k-tile kt
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < TL::A_PER; i++) {
+            const bool ok = a_k[i] >= 0 && k0 + a_k[i] < K;
+            cp_async16(st + a_dst[i], ok ? a_src[i] + k0 : A, ok);
+        }
+    };
+
+    float acc[MT][8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
+        if (s < nk) issue_a(s, smem + s * STAGE);
+        cp_async_commit();
+    }
+    const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
+    // the packed weights a thread needs for k16 step kk of a stage: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r of the
+    // warp's 64 channels; Marlin the lane's 16 bytes of them
+    auto fetch = [&](const unsigned char *st, int kk, uint32_t(&f)[4]) {
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            const uint32_t *rowp =
+                reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + wn * 8 + r;
+            f[0] = rowp[0]; f[1] = rowp[SB]; f[2] = rowp[8 * SB]; f[3] = rowp[9 * SB];
+        } else {
+            const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + (kk * (2 * BN) + wn * 128) * 4)[lane];
+            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+        }
+    };
+    GroupConst<T> gc[8];
+    int cur_group = -1;
+    for (int i = 0; i < nk; i++) {
+        cp_async_wait_dyn(stages - 2);
+        __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
+        if (i + stages - 1 < nk) {
+            unsigned char *nx = smem + ((i + stages - 1) % stages) * STAGE;
+            issue_w(i + stages - 1, nx);
+            issue_a(i + stages - 1, nx);
+        }
+        cp_async_commit();
+        const unsigned char *st = smem + (i % stages) * STAGE;
+        const int k0 = i * BK;
+        uint32_t fr[2][4]; // packed weights of two k16 steps
+        fetch(st, wk * KS, fr[0]);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int kk = wk * KS + ks, g = (k0 + 16 * kk) >> gshift;
+            if (g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
+                cur_group = g;    // 8r + ORDER[j], Marlin 8j + r), from the stage's slot of group g
+                const int sl = min(g, g_last) - (k0 >> gshift);
+                const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
+                const uint32_t *sZ =
+                    reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
+                uint32_t s[8];
+                if (LAYOUT == W4A16_LAYOUT_MARLIN && channelwise) {
+                    // channelwise Marlin scales: in 32 columns, position 8i + t holds column
+                    // 2i + {0,1,8,9,16,17,24,25}[t]
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+#pragma unroll
+                    for (int m = 0; m < 8; m++)
+                        s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
+                } else { // AWQ: position = column; Marlin grouped: position 8r + m holds column r + 8m
+                    const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int m = 0; m < 8; m++) {
+                        const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
+                        s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
+                    }
+                }
+                const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? j : awq_reverse(j)))) & 0xF;
+                    gc[j] = make_group_const_bits<T>(s[j], z);
+                }
+            }
+            // the next k16 step's packed weights are read before this one's are dequantised and multiplied, and
+            // the next m16 tile's A fragment before this one's products (mma and ldmatrix do not reorder)
+            if (ks + 1 < KS) fetch(st, kk + 1, fr[(ks + 1) & 1]);
+            const uint32_t *f = fr[ks & 1];
+            // B fragments of k16 step kk (rows 2q, 2q+1 | 2q+8, 2q+9 of column slot r in each block)
+            uint32_t b[8][2];
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                const uint32_t lo01 = prmt(f[0], f[1], 0x5410u), hi01 = prmt(f[0], f[1], 0x7632u);
+                const uint32_t lo89 = prmt(f[2], f[3], 0x5410u), hi89 = prmt(f[2], f[3], 0x7632u);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
+                    const uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
+                    b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
+                    b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    b[2 * t][0] = dq_lo<T>(f[t], gc[2 * t]);
+                    b[2 * t][1] = dq_hi<T>(f[t], gc[2 * t]);
+                    b[2 * t + 1][0] = dq_lo<T>(f[t] >> 8, gc[2 * t + 1]);
+                    b[2 * t + 1][1] = dq_hi<T>(f[t] >> 8, gc[2 * t + 1]);
+                }
+            }
+            const T *sA = reinterpret_cast<const T *>(st);
+            const int ch = kk * 2 + (lane >> 4);
+            auto load_a = [&](int mt, uint32_t(&fa)[4]) {
+                const int row = mt * 16 + (lane & 15);
+                ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+            };
+            uint32_t fa[2][4];
+            load_a(0, fa[0]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
+                if (mt + 1 < MT && (mt + 1) * 16 < bs) load_a(mt + 1, fa[(mt + 1) & 1]);
+#pragma unroll
+                for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    // ---- epilogue: (acc + bias[e]) * topk_weights to the pairs' rows of C
+    T *C = static_cast<T *>(p.C);
+    const T *brow = p.bias ? static_cast<const T *>(p.bias) + (size_t)e * N : nullptr;
+    auto store = [&](int mt, int j, int col_base, float4 sum) {
+        for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
+            const int dst = s_dst[mt * 16 + r + 8 * h];
+            if (dst < 0) continue;
+            const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
+            T *crow = C + (size_t)dst * N;
+            const float v[2] = {h ? sum.z : sum.x, h ? sum.w : sum.y};
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                for (int c2 = 0; c2 < 2; c2++) { // C slot 2q + c2 of block j: column 16q + 8 c2 + ORDER[j]
+                    const int c = col_base + 16 * q + 8 * c2 + awq_order(j);
+                    const float x = v[c2] + (brow ? D::to_float(brow[c]) : 0.f);
+                    crow[c] = D::from_float(x * tw);
+                }
+            } else {
+                const int c = col_base + 8 * j + 2 * q;
+                const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
+                const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
+                typename D::T2 o;
+                o.x = D::from_float(x0 * tw);
+                o.y = D::from_float(x1 * tw);
+                *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+            }
+        }
+    };
+    if constexpr (WK == 1) {
+        const int col_base = n0 + wn * 64;
+        if (col_base >= N) return;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt * 16 >= bs) break;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                store(mt, j, col_base, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+        }
+    } else {
+        __syncthreads(); // the pipeline buffers become the reduction buffer
+        float4 *red = reinterpret_cast<float4 *>(smem);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                red[((warp * MT + mt) * 8 + j) * 32 + lane] =
+                    make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        __syncthreads();
+        // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
+        for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
+            const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+            if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+            float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < WK; w++) {
+                const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+            }
+            store(mt, j, n0 + gn * 64, sum);
+        }
+    }
+}
+
+// Tile config per routing block size: <MT, WN, KS> (see Tile).
+#define W4A16_MOE_CONFIGS(X) X(1, 1, 2) X(2, 2, 2) X(4, 4, 4)
+template <int MT> struct Cfg;
+#define W4A16_MOE_CFG_(mt, wn, ks) \
+    template <> struct Cfg<mt> { static constexpr int WN = wn, KS = ks; };
+W4A16_MOE_CONFIGS(W4A16_MOE_CFG_)
+#undef W4A16_MOE_CFG_
+
+template <int LAYOUT, int MT> int smem_of(int stages) {
+    return Tile<LAYOUT, MT, Cfg<MT>::WN, Cfg<MT>::KS>::smem(stages);
+}
+
+template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
+    constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS, BN = 64 * WN;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS>;
+    const int smem = smem_of<LAYOUT, MT>(a.stages);
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN);
+    kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &a) {
+    if (a.block_size <= 16) return launch<T, LAYOUT, 1>(a);
+    if (a.block_size <= 32) return launch<T, LAYOUT, 2>(a);
+    return launch<T, LAYOUT, 4>(a);
+}
+
+} // namespace moe
+} // namespace w4a16
+
+extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, int num_experts, int block_size,
+                                      int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids,
+                                      int blocks_capacity, int32_t *num_post_padded, void *stream) {
+    const size_t smem = (size_t)(3 * num_experts + 1) * sizeof(int);
+    w4a16::moe::align_kernel<<<1, 1024, smem, static_cast<cudaStream_t>(stream)>>>(
+        topk_ids, num_entries, num_experts, block_size, sorted_ids, sorted_capacity, expert_ids, blocks_capacity,
+        num_post_padded);
+    return cudaGetLastError();
+}
+
+extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
+    using namespace w4a16::moe;
+    const int mt = block_size <= 16 ? 1 : block_size <= 32 ? 2 : 4;
+    if (layout == W4A16_LAYOUT_AWQ)
+        return mt == 1 ? smem_of<W4A16_LAYOUT_AWQ, 1>(stages)
+               : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages) : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
+    return mt == 1 ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
+           : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages) : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
+}
+
+extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
+    using namespace w4a16::moe;
+    if (a->dtype == 0)
+        return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__half, W4A16_LAYOUT_AWQ>(*a)
+                                             : launch_mt<__half, W4A16_LAYOUT_MARLIN>(*a);
+    return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a)
+                                         : launch_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a);
+}

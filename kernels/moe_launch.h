@@ -1,0 +1,39 @@
+/* The interface between csrc/moe.c and the MoE kernels (kernels/moe.cu): each function enqueues work on `stream`
+ * and returns the cudaError_t of the launch as an int; csrc/moe.c validated every argument before. */
+#ifndef W4A16_MOE_LAUNCH_H
+#define W4A16_MOE_LAUNCH_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest expert count the routing kernel holds in shared memory (3 counters per expert). */
+enum { W4A16_MOE_MAX_EXPERTS = 2048 };
+
+int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, int num_experts, int block_size,
+                           int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids, int blocks_capacity,
+                           int32_t *num_post_padded, void *stream);
+
+typedef struct w4a16_moe_launch {
+    const void *A, *B, *scales, *zeros, *bias;
+    const float *topk_weights;
+    void *C;
+    const int32_t *sorted_ids, *expert_ids, *num_post_padded;
+    int sorted_capacity, grid_blocks; /* blocks launched along x: ceil(sorted_capacity / block_size) */
+    int block_size, M, top_k, num_experts, N, K;
+    int gshift;             /* log2(G), 31 when G = K is not a power of two */
+    int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
+    int dtype, layout, stages;
+    void *stream;
+} w4a16_moe_launch;
+
+int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
+/* Dynamic shared memory of the MoE GEMM for block_size rows, a layout and a pipeline depth. */
+int w4a16_moe_smem_bytes(int block_size, int layout, int stages);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
