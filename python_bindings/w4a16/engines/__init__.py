@@ -1,0 +1,2 @@
+"""Engine adapters: w4a16 under inference engines' own int4 ops, chosen from the running engine's version and live
+op schemas (`vllm` here; `_common` holds what they share)."""
