@@ -370,6 +370,8 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         log.warning("w4a16: vLLM %s is not a release this w4a16 knows (%s); vLLM's kernels are left as they are",
                     version_text, known)
         return None
+    if namespace == "_C":
+        load_vllm_ops()
     bad = _common.schema_mismatches(namespace, gen.schemas)
     if bad:
         name, want, got = bad[0]
