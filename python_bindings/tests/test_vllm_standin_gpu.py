@@ -23,24 +23,27 @@ from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECORDS = sorted(glob.glob(os.path.join(ROOT, "tests", "engines", "schemas", "vllm-*.json")))
-OPS = ("marlin_gemm", "gptq_marlin_repack", "awq_marlin_repack", "awq_gemm", "awq_dequantize")
 DTYPES = (torch.float16, torch.bfloat16)
 _libs = []
 
 
 class StandIn:
-    """Ops with the recorded schemas in namespace `ns`; their CUDA kernels record calls (vLLM's kernels)."""
+    """The ops of one adapter generation, defined in namespace `ns` with the schemas recorded from the real vLLM;
+    their CUDA kernels (vLLM's kernels) only record that they were called."""
 
     def __init__(self, record, ns):
         self.record, self.ns, self.calls = record, ns, []
+        self.gen = adapter_mod.generation_named(record["version"])
         lib = torch.library.Library(ns, "DEF")
         _libs.append(lib)
-        for name in OPS:
-            schema = record["ops"][f"_C::{name}"].split("::", 1)[1]
-            lib.define(schema)
+        for name in self.gen.schemas:
+            lib.define(record["ops"][f"_C::{name}"].split("::", 1)[1])
             lib.impl(name, self._kernel(name), "CUDA")
             lib.impl(name, self._meta(name), "Meta")
         self.ids = record["scalar_type_ids"]
+
+    def names(self, op):
+        return self.gen.arg_names(op)
 
     def _kernel(self, name):
         def kernel(*args):
@@ -49,20 +52,23 @@ class StandIn:
         return kernel
 
     def _meta(self, name):
+        names = self.names(name)
+
         def meta(*args):
-            if name == "marlin_gemm":
-                size_m, size_n = (args[12], args[13]) if len(args) == 19 else (args[10], args[11])
-                return args[0].new_full((size_m, size_n), float("nan"))
+            p = dict(zip(names, args))
+            if name == self.gen.gemm:
+                return p["a"].new_full((p["size_m"], p["size_n"]), float("nan"))
             if name in ("gptq_marlin_repack", "awq_marlin_repack"):
-                q, size_k, size_n = args[0], args[-4], args[-3]
-                return q.new_zeros((size_k // 16, size_n * 2))
+                return p["b_q_weight"].new_zeros((p["size_k"] // 16, p["size_n"] * 2))
             if name == "awq_gemm":
                 return args[0].new_full((args[0].shape[0], args[2].shape[1]), float("nan"))
             return args[1].new_full((args[0].shape[0], args[1].shape[1]), float("nan"))
         return meta
 
-    def op(self, name):
-        return getattr(getattr(torch.ops, self.ns), name)
+    def call(self, op, **values):
+        """The op called the way vLLM calls it: every argument of the recorded schema, in its order."""
+        name = self.gen.gemm if op == "gemm" else op
+        return getattr(getattr(torch.ops, self.ns), name)(*(values[n] for n in self.names(name)))
 
 
 @pytest.fixture(scope="module", params=RECORDS, ids=[os.path.basename(r)[:-5] for r in RECORDS])
@@ -75,33 +81,38 @@ def env(request):
     adapter = adapter_mod.install(record["version"], namespace=ns,
                                   type_ids={"uint4": ids["uint4"], "uint4b8": ids["uint4b8"]})
     assert adapter is not None, "the adapter refused the recorded schemas"
+    assert adapter.generation is standin.gen
     yield standin, adapter
     adapter_mod.uninstall()
 
 
 def _old(standin):
-    return "g_idx_or_none" in standin.record["ops"]["_C::marlin_gemm"]
+    return "g_idx_or_none" in standin.gen.schemas[standin.gen.gemm]
 
 
 def _gemm(standin, a, w, bias, s, zeros, type_name, M, N, K, g_idx=None, perm=None, is_k_full=True, a_scales=None):
-    """vLLM's call of _C::marlin_gemm (argument order of the recorded schema)."""
-    ws = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    tid = standin.ids[type_name]
     empty = torch.empty(0, dtype=torch.int32, device="cuda")
-    z = zeros if zeros is not None else empty
-    if _old(standin):
-        return standin.op("marlin_gemm")(a, None, w, bias, s, a_scales, None, z, empty if g_idx is None else g_idx,
-                                         empty if perm is None else perm, ws, tid, M, N, K, is_k_full, False, True,
-                                         False)
-    return standin.op("marlin_gemm")(a, None, w, bias, s, a_scales, None, z, ws, tid, M, N, K, False, True, False)
+    tid = standin.ids[type_name]
+    return standin.call("gemm", a=a, c_or_none=None, b_q_weight=w, b_bias_or_none=bias, b_scales=s, a_scales=a_scales,
+                        global_scale=None, b_zeros_or_none=zeros if zeros is not None else empty,
+                        g_idx_or_none=empty if g_idx is None else g_idx, perm_or_none=empty if perm is None else perm,
+                        workspace=torch.zeros(1024, dtype=torch.int32, device="cuda"), b_type_id=tid, b_q_type=tid,
+                        size_m=M, size_n=N, size_k=K, is_k_full=is_k_full, use_atomic_add=False, use_fp32_reduce=True,
+                        is_zp_float=False)
 
 
-def _repack_gptq(standin, q, perm, K, N):
-    if _old(standin):
-        p = perm if perm is not None else torch.empty(0, dtype=torch.int32, device="cuda")
-        return standin.op("gptq_marlin_repack")(q, p, K, N, 4, False)
-    assert perm is None
-    return standin.op("gptq_marlin_repack")(q, K, N, 4, False)
+def _repack_gptq(standin, q, perm, K, N, num_bits=4, is_a_8bit=False):
+    assert perm is None or _old(standin)
+    p = perm if perm is not None else torch.empty(0, dtype=torch.int32, device="cuda")
+    return standin.call("gptq_marlin_repack", b_q_weight=q, perm=p, size_k=K, size_n=N, num_bits=num_bits,
+                        is_a_8bit=is_a_8bit)
+
+
+def _repack_awq(standin, qw, K, N):
+    if "perm" in standin.names("gptq_marlin_repack"):  # up to the 0.15-0.27 generation: AWQ words repacked directly
+        return standin.call("awq_marlin_repack", b_q_weight=_t(qw), size_k=K, size_n=N, num_bits=4, is_a_8bit=False)
+    # later: vLLM turns AWQ into the GPTQ packing, then the GPTQ repack
+    return _repack_gptq(standin, _t(formats.gptq_pack(formats.awq_unpack(qw))), None, K, N)
 
 
 def _t(a, dtype=None):
@@ -124,11 +135,7 @@ def test_awq_layer(env, dtype, bias, K, N, G, M):
     qw, qz, s = formats.awq_quantize(w, G)
     Geff = K if G == -1 else G
     ref_w = formats.awq_dequantize(qw, qz, s.astype(np.float32), G).astype(np.float32)
-    # load time, as vLLM's layer code does it
-    if _old(standin):
-        mw = standin.op("awq_marlin_repack")(_t(qw), K, N, 4, False)
-    else:  # 0.23+: AWQ turned into the GPTQ packing, then the GPTQ repack
-        mw = _repack_gptq(standin, _t(formats.gptq_pack(formats.awq_unpack(qw))), None, K, N)
+    mw = _repack_awq(standin, qw, K, N)  # load time, as vLLM's layer code does it
     ms = _t(formats.marlin_permute_scales(s.astype(np.float32), K, N, Geff), dtype)
     mz = _t(formats.awq_to_marlin_zero_points(qz, K // Geff, N))
     b = (torch.randn(N, device="cuda") * 0.5).to(dtype) if bias else None
@@ -149,7 +156,7 @@ def test_awq_layer(env, dtype, bias, K, N, G, M):
 def test_gptq_layer(env, dtype, bias, act_order):
     standin, adapter = env
     if act_order and not _old(standin):
-        pytest.skip("vLLM 0.23+ refuses act-order Marlin layers itself")
+        pytest.skip("this vLLM refuses act-order Marlin layers itself")
     standin.calls.clear()
     K, N, G, M = 1024, 256, 128, 8
     rng = np.random.default_rng(7 + act_order)
@@ -177,7 +184,7 @@ def test_gptq_layer(env, dtype, bias, act_order):
     assert _rel(y, ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
     if act_order:  # the same layer as a row-parallel shard (is_k_full=False): vLLM's kernel
         _gemm(standin, x, mw, mb, ms, None, "uint4b8", M, N, K, g_idx=sorted_g, perm=perm, is_k_full=False)
-        assert standin.calls == ["marlin_gemm"]
+        assert standin.calls == [standin.gen.gemm]
 
 
 def test_unsupported_calls_reach_vllms_kernel(env):
@@ -188,15 +195,20 @@ def test_unsupported_calls_reach_vllms_kernel(env):
     w = torch.zeros(K // 16, 2 * N, dtype=torch.int32, device="cuda")
     s = torch.ones(K // 128, N, device="cuda").half()
     z = torch.zeros(K // 128, N // 8, dtype=torch.int32, device="cuda")
-    _gemm(standin, x, w, None, s, z, "uint4", 4, N, K, a_scales=torch.ones(4, device="cuda"))  # W4A8
-    _gemm(standin, x, w, None, s, None, "uint8b128", 4, N, K)                                   # 8-bit
+    gemm = standin.gen.gemm
+    want = []
+    if "a_scales" in standin.names(gemm):
+        _gemm(standin, x, w, None, s, z, "uint4", 4, N, K, a_scales=torch.ones(4, device="cuda"))  # W4A8
+        want.append(gemm)
+    _gemm(standin, x, w, None, s, None, "uint8b128", 4, N, K)                                       # 8-bit
     q = torch.zeros(K // 8, N, dtype=torch.int32, device="cuda")
-    if _old(standin):
-        standin.op("gptq_marlin_repack")(q, torch.empty(0, dtype=torch.int32, device="cuda"), K, N, 8, False)
-    else:
-        standin.op("gptq_marlin_repack")(q, K, N, 4, True)                                      # W4A8 layout
+    _repack_gptq(standin, q, None, K, N, num_bits=8)                                                # 8-bit
+    want += [gemm, "gptq_marlin_repack"]
+    if "is_a_8bit" in standin.names("gptq_marlin_repack"):
+        _repack_gptq(standin, q, None, K, N, is_a_8bit=True)                                        # W4A8 layout
+        want.append("gptq_marlin_repack")
     torch.cuda.synchronize()
-    assert standin.calls == ["marlin_gemm", "marlin_gemm", "gptq_marlin_repack"]
+    assert standin.calls == want
 
 
 def test_compile_fullgraph_and_cuda_graph(env):
@@ -206,10 +218,7 @@ def test_compile_fullgraph_and_cuda_graph(env):
     K, N, G, M = 512, 256, 128, 4
     rng = np.random.default_rng(3)
     qw, qz, s = formats.awq_quantize(rng.standard_normal((K, N)).astype(np.float32) * 0.05, G)
-    if _old(standin):
-        mw = standin.op("awq_marlin_repack")(_t(qw), K, N, 4, False)
-    else:
-        mw = _repack_gptq(standin, _t(formats.gptq_pack(formats.awq_unpack(qw))), None, K, N)
+    mw = _repack_awq(standin, qw, K, N)
     ms = _t(formats.marlin_permute_scales(s.astype(np.float32), K, N, G), torch.float16)
     mz = _t(formats.awq_to_marlin_zero_points(qz, K // G, N))
     b = (torch.randn(N, device="cuda") * 0.5).half()

@@ -25,9 +25,10 @@ from w4a16 import formats  # noqa: E402
 from w4a16.engines import _common  # noqa: E402
 from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
+adapter_mod.load_vllm_ops()  # vLLM's compiled ops, as a vLLM process has them when plugins load
 VERSION = importlib.metadata.version("vllm")
-GEN = adapter_mod.generation_for(VERSION)
-OLD = GEN is not None and GEN.schemas["marlin_gemm"] == adapter_mod._MARLIN_GEMM_015  # 0.15-0.22 layout
+GEN = adapter_mod.generation_named(VERSION)  # the engine venvs hold the releases the generations were recorded from
+ACT_ORDER = GEN is not None and "g_idx_or_none" in GEN.schemas[GEN.gemm]  # the GEMM still takes g_idx / perm
 DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -45,6 +46,9 @@ def test_schemas_match_the_record():
 
 def test_adapter_knows_this_release_with_the_recorded_schemas():
     assert GEN is not None, f"vLLM {VERSION} has no adapter generation"
+    assert adapter_mod.known_release(VERSION)
+    adapter_mod.load_vllm_ops()
+    assert adapter_mod.generation_matching() == (GEN, [])
     recorded = json.load(open(schema_record_path("vllm", VERSION)))
     for name, schema in GEN.schemas.items():
         assert recorded["ops"].get(f"_C::{name}") == schema, name
@@ -54,20 +58,19 @@ def test_adapter_knows_this_release_with_the_recorded_schemas():
 
 def test_changed_schema_leaves_vllm_untouched(monkeypatch, caplog):
     """A schema that differs from the recorded one: one log line, nothing registered."""
-    gen = adapter_mod.generation_for(VERSION)
-    changed = dict(gen.schemas, marlin_gemm=gen.schemas["marlin_gemm"].replace("bool is_zp_float", "bool zp_f"))
-    monkeypatch.setattr(gen, "schemas", changed)
+    changed = dict(GEN.schemas, **{GEN.gemm: GEN.schemas[GEN.gemm].replace("bool is_zp_float", "bool zp_f")})
+    monkeypatch.setattr(GEN, "schemas", changed)
     lines = _capture_log(monkeypatch)
-    before = torch._C._dispatch_dump("_C::marlin_gemm")
+    before = torch._C._dispatch_dump(f"_C::{GEN.gemm}")
     assert adapter_mod.install(VERSION, dispatch_key="CPU") is None
-    assert torch._C._dispatch_dump("_C::marlin_gemm") == before
-    assert len(lines) == 1 and "_C::marlin_gemm has the schema" in lines[0] and "left as they are" in lines[0]
+    assert torch._C._dispatch_dump(f"_C::{GEN.gemm}") == before
+    assert len(lines) == 1 and f"_C::{GEN.gemm} has the schema" in lines[0] and "left as they are" in lines[0]
 
 
 def test_unknown_release_leaves_vllm_untouched(monkeypatch):
     lines = _capture_log(monkeypatch)
     assert adapter_mod.install("0.99.0", dispatch_key="CPU") is None
-    assert adapter_mod.install("0.14.1", dispatch_key="CPU") is None
+    assert adapter_mod.install("0.10.2", dispatch_key="CPU") is None
     assert len(lines) == 2 and all("not a release this w4a16 knows" in s for s in lines)
 
 
@@ -106,7 +109,8 @@ _LOAD = ("import vllm.logger as L\n"
          "from vllm.plugins import load_general_plugins; load_general_plugins(); "
          "from w4a16.engines import vllm as a; import torch; "
          "print('INSTALLED', a.installed() is not None, a.installed() and a.installed().generation.name); "
-         "print('DUMP', 'w4a16' in torch._C._dispatch_dump('_C::marlin_gemm'))")
+         "print('DUMP', a.installed() is not None and "
+         "'w4a16' in torch._C._dispatch_dump('_C::' + a.installed().generation.gemm))")
 
 
 def test_plugin_loads_through_vllms_plugin_loader(tmp_path):
@@ -117,7 +121,8 @@ def test_plugin_loads_through_vllms_plugin_loader(tmp_path):
     assert f"INSTALLED True {GEN.name}" in text, text
     line = next((s for s in text.splitlines() if "serves vLLM" in s), None)
     assert line is not None, text
-    assert f"serves vLLM {VERSION}'s int4 linear layers" in line and "_C::marlin_gemm" in line, line
+    assert f"serves vLLM {VERSION}'s int4 linear layers" in line and f"_C::{GEN.gemm}" in line, line
+    assert "DUMP True" in text, text
     print(line)
 
 
@@ -341,7 +346,7 @@ def test_awq_marlin_layer(rec, monkeypatch, dtype, bias, K, N, G):
     r = repacks[0]
     if r[0] == "awq_marlin_repack":   # 0.15-0.22: AWQ words straight to the AWQ repack
         assert _same(r[1], qw) and r[2:] == (K, N, 4)
-    else:                              # 0.23+: vLLM turns AWQ into the GPTQ packing first
+    else:                              # newer: vLLM turns AWQ into the GPTQ packing first
         assert r[2].numel() == 0 and r[3:] == (K, N, 4)
         assert np.array_equal(formats.marlin_repack_gptq(r[1].numpy()), want_w)
 
@@ -383,7 +388,7 @@ def test_gptq_marlin_layer(rec, monkeypatch, dtype, bias, K, N, G):
     assert _same(y, rec.out) and rec.adapter.fell_back == {}
 
 
-@pytest.mark.skipif(not OLD, reason="vLLM 0.23+ refuses act-order (desc_act) Marlin layers itself")
+@pytest.mark.skipif(not ACT_ORDER, reason="this vLLM refuses act-order (desc_act) Marlin layers itself")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gptq_act_order_whole_k_is_served(rec, monkeypatch, dtype):
     """desc_act over the whole K: the groups are checked whole when the weights load; per call the activations are
@@ -406,56 +411,64 @@ def test_gptq_act_order_whole_k_is_served(rec, monkeypatch, dtype):
     assert _same(call[5], b) and _same(y, rec.out)
 
 
-@pytest.mark.skipif(not OLD, reason="vLLM 0.23+ refuses act-order (desc_act) Marlin layers itself")
+@pytest.mark.skipif(not ACT_ORDER, reason="this vLLM refuses act-order (desc_act) Marlin layers itself")
 def test_gptq_act_order_row_parallel_shard_goes_to_vllm(rec, monkeypatch):
     """A row-parallel shard of an act-order layer (is_k_full=False) goes to vLLM's own kernel."""
     _vllm_env(monkeypatch)
     K, N, G = 512, 128, 128
     method, layer, _ = _gptq_layer(K, N, G, torch.float16, bias=False, act_order=True, k_shard=256)
     x = torch.randn(2, 256).half()
-    with pytest.raises(NotImplementedError, match="_C::marlin_gemm"):  # vLLM's kernel: CUDA only, here on CPU
+    with pytest.raises(NotImplementedError, match=f"_C::{GEN.gemm}"):  # vLLM's kernel: CUDA only, here on CPU
         method.apply(layer, x, None)
-    assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {"marlin_gemm": 1}
+    assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {GEN.gemm: 1}
 
 
 # ---------------------------------------------------------------------------------------------- what stays on vLLM
 def _gemm_args(dtype=torch.float16, a_scales=None, global_scale=None, type_name="uint4", is_zp_float=False,
                K=256, N=128):
+    """A call of this vLLM's GEMM op, its arguments in the order of its schema."""
     from vllm.scalar_type import scalar_types
-    a = torch.randn(4, K).to(dtype)
-    w = torch.zeros(K // 16, 2 * N, dtype=torch.int32)
-    s = torch.ones(K // 128, N).to(dtype)
-    z = torch.zeros(K // 128, N // 8, dtype=torch.int32)
-    ws = torch.zeros(128, dtype=torch.int32)
-    tid = getattr(scalar_types, type_name).id
-    if OLD:
-        e = torch.empty(0, dtype=torch.int32)
-        return (a, None, w, None, s, a_scales, global_scale, z, e, e, ws, tid, 4, N, K, True, False, True, is_zp_float)
-    return (a, None, w, None, s, a_scales, global_scale, z, ws, tid, 4, N, K, False, True, is_zp_float)
+    e = torch.empty(0, dtype=torch.int32)
+    v = dict(a=torch.randn(4, K).to(dtype), c_or_none=None, b_q_weight=torch.zeros(K // 16, 2 * N, dtype=torch.int32),
+             b_bias_or_none=None, b_scales=torch.ones(K // 128, N).to(dtype), a_scales=a_scales,
+             global_scale=global_scale, b_zeros_or_none=torch.zeros(K // 128, N // 8, dtype=torch.int32),
+             g_idx_or_none=e, perm_or_none=e, workspace=torch.zeros(128, dtype=torch.int32),
+             b_type_id=getattr(scalar_types, type_name).id, b_q_type=getattr(scalar_types, type_name).id,
+             size_m=4, size_n=N, size_k=K, is_k_full=True, use_atomic_add=False, use_fp32_reduce=True,
+             is_zp_float=is_zp_float)
+    return tuple(v[n] for n in GEN.arg_names(GEN.gemm))
+
+
+def _gemm_op():
+    return getattr(torch.ops._C, GEN.gemm)
 
 
 @pytest.mark.parametrize("case", ["a_scales", "global_scale", "uint8b128", "is_zp_float", "fp32", "K=192"])
 def test_unsupported_gemm_goes_to_vllms_kernel(rec, case):
+    if case == "a_scales" and "a_scales" not in GEN.arg_names(GEN.gemm):
+        pytest.skip("this vLLM's GEMM takes no activation scales")
     kw = {"a_scales": dict(a_scales=torch.ones(4)), "global_scale": dict(global_scale=torch.ones(1)),
           "uint8b128": dict(type_name="uint8b128"), "is_zp_float": dict(is_zp_float=True),
           "fp32": dict(dtype=torch.float32), "K=192": dict(K=192)}[case]
-    with pytest.raises(NotImplementedError, match="_C::marlin_gemm"):  # vLLM's own (CUDA) kernel was reached
-        torch.ops._C.marlin_gemm(*_gemm_args(**kw))
-    assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {"marlin_gemm": 1}
+    with pytest.raises(NotImplementedError, match=f"_C::{GEN.gemm}"):  # vLLM's own (CUDA) kernel was reached
+        _gemm_op()(*_gemm_args(**kw))
+    assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {GEN.gemm: 1}
 
 
 def test_supported_gemm_call_is_served(rec):
-    torch.ops._C.marlin_gemm(*_gemm_args())
+    _gemm_op()(*_gemm_args())
     assert len(rec.named("marlin_gemm")) == 1 and rec.adapter.fell_back == {}
 
 
 @pytest.mark.parametrize("num_bits,is_a_8bit", [(8, False), (4, True)])
 def test_unsupported_repack_goes_to_vllms_kernel(rec, num_bits, is_a_8bit):
-    q = torch.zeros(256 // 8, 128, dtype=torch.int32)
-    args = (q, torch.empty(0, dtype=torch.int32), 256, 128, num_bits, is_a_8bit) if OLD else \
-        (q, 256, 128, num_bits, is_a_8bit)
+    names = GEN.arg_names("gptq_marlin_repack")
+    if is_a_8bit and "is_a_8bit" not in names:
+        pytest.skip("this vLLM's repack has no 8-bit activation layout")
+    v = dict(b_q_weight=torch.zeros(256 // 8, 128, dtype=torch.int32), perm=torch.empty(0, dtype=torch.int32),
+             size_k=256, size_n=128, num_bits=num_bits, is_a_8bit=is_a_8bit)
     with pytest.raises(NotImplementedError, match="_C::gptq_marlin_repack"):
-        torch.ops._C.gptq_marlin_repack(*args)
+        torch.ops._C.gptq_marlin_repack(*(v[n] for n in names))
     assert rec.named("gptq_marlin_repack") == []
 
 
@@ -463,15 +476,18 @@ def test_repack_accepts_vllms_keyword_call(rec):
     """The exact call vLLM's layer code makes, keywords and is_a_8bit included (the old adapter raised TypeError)."""
     import vllm._custom_ops as ops
     q = torch.from_numpy(formats.awq_pack(np.random.default_rng(1).integers(0, 16, (256, 128), dtype=np.uint8)))
-    out = ops.awq_marlin_repack(q, size_k=256, size_n=128, num_bits=4, is_a_8bit=False)
+    if "is_a_8bit" in GEN.arg_names("awq_marlin_repack"):
+        out = ops.awq_marlin_repack(q, size_k=256, size_n=128, num_bits=4, is_a_8bit=False)
+    else:
+        out = ops.awq_marlin_repack(q, size_k=256, size_n=128, num_bits=4)
     assert np.array_equal(out.numpy(), formats.marlin_repack_awq(q.numpy()))
 
 
 def test_uninstall_restores_vllms_kernels(rec):
-    assert "w4a16" in torch._C._dispatch_dump("_C::marlin_gemm") or rec.adapter.overrides._lib is not None
+    assert rec.adapter.overrides._lib is not None
     adapter_mod.uninstall()
-    with pytest.raises(NotImplementedError, match="_C::marlin_gemm"):
-        torch.ops._C.marlin_gemm(*_gemm_args())
+    with pytest.raises(NotImplementedError, match=f"_C::{GEN.gemm}"):
+        _gemm_op()(*_gemm_args())
     assert rec.named("marlin_gemm") == []
 
 
@@ -501,12 +517,12 @@ def test_installs_over_vllms_cuda_kernels():
     """The production install (CUDA dispatch key, vLLM's kernels kept with torch.library.get_kernel) works on the
     real vLLM without a GPU: registration needs none."""
     adapter_mod.uninstall()
-    before = torch._C._dispatch_dump("_C::marlin_gemm")
+    before = torch._C._dispatch_dump(f"_C::{GEN.gemm}")
     a = adapter_mod.install(VERSION)
     try:
         assert a is not None
         assert all(a.overrides.original(n) is not None for n in GEN.schemas)
-        assert torch._C._dispatch_dump("_C::marlin_gemm") != before
+        assert torch._C._dispatch_dump(f"_C::{GEN.gemm}") != before
     finally:
         adapter_mod.uninstall()
-    assert torch._C._dispatch_dump("_C::marlin_gemm") == before
+    assert torch._C._dispatch_dump(f"_C::{GEN.gemm}") == before

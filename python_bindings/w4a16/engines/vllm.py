@@ -1,24 +1,25 @@
 """vLLM adapter: runs vLLM's dense int4 Marlin / AWQ linear layers on w4a16, chosen from the running vLLM.
 
-Where it hooks in (see _common for why the dispatcher): the kernels of vLLM's own ops `_C::marlin_gemm`,
-`_C::gptq_marlin_repack`, `_C::awq_marlin_repack`, `_C::awq_gemm` and `_C::awq_dequantize` are replaced for the CUDA
-dispatch key. vLLM's Python code, its fake implementations and torch.compile's graphs stay as they are; every call
-lands here at run time, with real tensors, where w4a16 serves it or hands it to vLLM's own kernel (kept with
-torch.library.get_kernel). Only host-side facts decide (dtypes, shapes, ints and bools of the call, and what was
-recorded while the weights loaded): no device synchronisation, nothing a CUDA-graph capture cannot take.
+Where it hooks in (see _common for why the dispatcher): the CUDA kernels of vLLM's own ops -- the Marlin GEMM
+(`_C::gptq_marlin_gemm` up to 0.14, `_C::marlin_gemm` from 0.15), `_C::gptq_marlin_repack`, `_C::awq_marlin_repack`,
+`_C::awq_gemm` and `_C::awq_dequantize` -- are replaced through torch.library. vLLM's Python code, its fake
+implementations and torch.compile's graphs stay as they are; every call lands here at run time, with real tensors,
+where w4a16 serves it or hands it to vLLM's own kernel (kept with torch.library.get_kernel). Only host-side facts
+decide (dtypes, shapes, the call's ints and bools, what was recorded while the weights loaded): no device
+synchronisation, nothing a CUDA-graph capture cannot take.
 
-A generation is a range of vLLM releases plus the exact schemas of the ops above, read from the real wheels
-(tests/engines/schemas/ holds the full records; the engine tests compare the two). The adapter is installed only when
-the running vLLM's version lies in a known range *and* every live schema equals the recorded one; otherwise one log
-line says why and vLLM is left untouched.
+vLLM changed these ops' argument lists over its releases; each set is a Generation below, written from the schemas
+compiled into the wheels. The adapter installs only for a release in the known range whose live schemas all equal
+one generation's (tests/engines/schemas/ holds the live records of the releases the engine tests run); otherwise one
+log line says why and vLLM is left untouched.
 
 Served by w4a16: 4-bit weights of types uint4 (AWQ, with zero points) and uint4b8 (GPTQ, symmetric), fp16/bf16
 activations, group sizes 32/64/128/per-channel, N % 64 == 0 and K % 128 == 0 for Marlin (K % 32 for the AWQ GEMM),
-act-order on the whole K (0.15-0.22: vLLM 0.23+ refuses desc_act itself). Goes to vLLM's kernel: activation scales
-(W4A8 int8/fp8), fp4/fp8 weights and global scales, 8-bit weights, float zero points, a row-parallel shard of an
-act-order layer (is_k_full=False), act-order whose groups are not whole, other shapes, GPUs w4a16 does not run on.
-MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM's kernels; their per-expert repack calls are the same
-`_C::*_marlin_repack` ops and get w4a16's bit-identical output.
+act-order on the whole K (generations up to 0.15-0.27; later vLLMs refuse desc_act themselves). Goes to vLLM's kernel:
+activation scales (W4A8 int8/fp8), fp4/fp8 weights and global scales, 8-bit weights, float zero points, a
+row-parallel shard of an act-order layer (is_k_full=False), act-order whose groups are not whole, other shapes, GPUs
+w4a16 does not run on. MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM's kernels; their per-expert repack
+calls are the same `_C::*_marlin_repack` ops and get w4a16's bit-identical output.
 
 Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
 natural order, so it is put back in order on the way in (one small copy per call, capture-safe)."""
@@ -34,51 +35,70 @@ from . import _common
 # A child of vLLM's logger, so the lines show in vLLM's own log output (vLLM's handler sits on "vllm").
 log = logging.getLogger("vllm.w4a16")
 
-_MARLIN_GEMM_015 = (
-    "_C::marlin_gemm(Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
-    "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, Tensor? g_idx_or_none, Tensor? perm_or_none, "
-    "Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
-    "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float) -> Tensor")
-_MARLIN_GEMM_023 = (
-    "_C::marlin_gemm(Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
-    "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, Tensor workspace, int b_type_id, "
-    "SymInt size_m, SymInt size_n, SymInt size_k, bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float) "
-    "-> Tensor")
-_GPTQ_REPACK_015 = ("_C::gptq_marlin_repack(Tensor b_q_weight, Tensor perm, SymInt size_k, SymInt size_n, "
-                    "int num_bits, bool is_a_8bit) -> Tensor")
-_GPTQ_REPACK_023 = ("_C::gptq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits, "
-                    "bool is_a_8bit) -> Tensor")
-_AWQ_REPACK = ("_C::awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits, "
-               "bool is_a_8bit) -> Tensor")
-_AWQ_GEMM = ("_C::awq_gemm(Tensor _in_feats, Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
-             "SymInt split_k_iters) -> Tensor")
-_AWQ_DEQUANT = ("_C::awq_dequantize(Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, SymInt split_k_iters, "
-                "int thx, int thy) -> Tensor")
+def _schemas(gemm_name, gemm_args, gptq_repack, awq_repack):
+    return {
+        gemm_name: f"_C::{gemm_name}({gemm_args}) -> Tensor",
+        "gptq_marlin_repack": f"_C::gptq_marlin_repack({gptq_repack}) -> Tensor",
+        "awq_marlin_repack": f"_C::awq_marlin_repack({awq_repack}) -> Tensor",
+        "awq_gemm": "_C::awq_gemm(Tensor _in_feats, Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
+                    "SymInt split_k_iters) -> Tensor",
+        "awq_dequantize": "_C::awq_dequantize(Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
+                          "SymInt split_k_iters, int thx, int thy) -> Tensor",
+    }
+
+
+_GEMM_HEAD = ("Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+              "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, ")
+_GEMM_ACT_ORDER = "Tensor? g_idx_or_none, Tensor? perm_or_none, "
+_GEMM_TAIL = ("Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
+              "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float")
+_REPACK_A8 = "SymInt size_k, SymInt size_n, int num_bits, bool is_a_8bit"
 
 
 class Generation:
-    def __init__(self, name, first, last, recorded_from, schemas, type_ids):
-        self.name, self.first, self.last, self.recorded_from = name, first, last, recorded_from
-        self.schemas, self.type_ids = schemas, type_ids
+    """A set of op schemas vLLM kept over a range of releases. `recorded_from`: the release whose live schemas (read
+    with the wheel loaded) are stored in tests/engines/schemas; `seen_in`: releases whose compiled schemas were read
+    to find where the generation starts and ends."""
 
-    def covers(self, version):
-        return self.first <= version[:2] <= self.last
+    def __init__(self, name, recorded_from, seen_in, gemm, schemas, type_ids):
+        self.name, self.recorded_from, self.seen_in = name, recorded_from, seen_in
+        self.gemm, self.schemas, self.type_ids = gemm, schemas, type_ids
+
+    def arg_names(self, op):
+        return [a.name for a in torch._C.parse_schema(self.schemas[op]).arguments]
 
 
 # ScalarType ids (vllm.scalar_type.scalar_types.<t>.id) as the wheels compute them; checked against the live vLLM.
 _TYPE_IDS = {"uint4": 1125899906843648, "uint4b8": 1125899907892224}
 
 GENERATIONS = (
-    Generation("0.15-0.22", (0, 15), (0, 22), "0.15.1",
-               {"marlin_gemm": _MARLIN_GEMM_015, "gptq_marlin_repack": _GPTQ_REPACK_015,
-                "awq_marlin_repack": _AWQ_REPACK, "awq_gemm": _AWQ_GEMM, "awq_dequantize": _AWQ_DEQUANT},
+    # 0.11: gptq_marlin_gemm without activation scales, repacks without is_a_8bit
+    Generation("0.11", "0.11.2", ("0.11.2",), "gptq_marlin_gemm",
+               _schemas("gptq_marlin_gemm",
+                        "Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+                        "Tensor? global_scale, Tensor? b_zeros_or_none, " + _GEMM_ACT_ORDER +
+                        _GEMM_TAIL.replace("int b_type_id", "int b_q_type"),
+                        "Tensor b_q_weight, Tensor perm, SymInt size_k, SymInt size_n, int num_bits",
+                        "Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits"), _TYPE_IDS),
+    # 0.12-0.14: activation scales (W4A8) and is_a_8bit added
+    Generation("0.12-0.14", "0.14.1", ("0.12.0", "0.14.1"), "gptq_marlin_gemm",
+               _schemas("gptq_marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
                _TYPE_IDS),
-    Generation("0.23-0.33", (0, 23), (0, 33), "0.33.0",
-               {"marlin_gemm": _MARLIN_GEMM_023, "gptq_marlin_repack": _GPTQ_REPACK_023,
-                "awq_marlin_repack": _AWQ_REPACK, "awq_gemm": _AWQ_GEMM, "awq_dequantize": _AWQ_DEQUANT},
+    # 0.15-0.27: the GEMM renamed marlin_gemm
+    Generation("0.15-0.27", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0"), "marlin_gemm",
+               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
+               _TYPE_IDS),
+    # 0.30-0.33: act-order gone from the dense GEMM and the GPTQ repack (vLLM refuses desc_act itself)
+    Generation("0.30-0.33", "0.33.0", ("0.30.0", "0.33.0"), "marlin_gemm",
+               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_TAIL.replace("bool is_k_full, ", ""),
+                        "Tensor b_q_weight, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
                _TYPE_IDS),
 )
 
+# Releases this adapter accepts at all (a generation is then chosen by the live schemas).
+FIRST_KNOWN, LAST_KNOWN = (0, 11), (0, 33)
 _FLOATS = (torch.float16, torch.bfloat16)
 
 
@@ -87,16 +107,32 @@ def parse_version(text):
     return tuple(int(g or 0) for g in m.groups()) if m else None
 
 
-def generation_for(version_text):
+def known_release(version_text):
     v = parse_version(version_text)
-    if v is None:
-        return None
-    return next((g for g in GENERATIONS if g.covers(v)), None)
+    return v is not None and FIRST_KNOWN <= v[:2] <= LAST_KNOWN
+
+
+def generation_matching(namespace="_C"):
+    """(the generation whose schemas all equal the live ones, or None; the closest generation's mismatches)."""
+    best = None
+    for gen in GENERATIONS:
+        bad = _common.schema_mismatches(namespace, gen.schemas)
+        if not bad:
+            return gen, []
+        # closest: the generation whose GEMM op exists here, then the fewest differences
+        rank = (any(name == gen.gemm and live is None for name, _, live in bad), len(bad))
+        if best is None or rank < best[0]:
+            best = (rank, sorted(bad, key=lambda m: m[0] != gen.gemm))
+    return None, best[1]
+
+
+def generation_named(recorded_from):
+    return next((g for g in GENERATIONS if g.recorded_from == recorded_from), None)
 
 
 def load_vllm_ops():
-    """Import vLLM's compiled extension(s) holding the _C ops (vllm._C up to 0.22, vllm._C_stable_libtorch from
-    0.23; vLLM itself imports them from its CUDA platform code, which may not have run yet when plugins load)."""
+    """Import vLLM's compiled extension(s) holding the _C ops (vllm._C, and vllm._C_stable_libtorch in newer
+    releases; vLLM itself imports them from its CUDA platform code, which may not have run yet when plugins load)."""
     import vllm._custom_ops  # noqa: F401
     loaded = []
     for name in ("vllm._C", "vllm._C_stable_libtorch"):
@@ -197,32 +233,58 @@ class VllmAdapter:
         return out
 
     # ------------------------------------------------------------------ op kernels (called with the dispatch keyset)
-    def marlin_gemm_015(self, keyset, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx,
-                        perm, workspace, b_type_id, size_m, size_n, size_k, is_k_full, use_atomic_add,
-                        use_fp32_reduce, is_zp_float):
-        args = (a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
-                b_type_id, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float)
-        reason = self._marlin_gemm_reason(a, b_scales, b_zeros, a_scales, global_scale, b_type_id, size_m, size_n,
-                                          size_k, is_zp_float)
-        act_order = g_idx is not None and g_idx.numel() > 0
-        if reason is None and act_order:
-            reason = self._act_order_reason(g_idx, perm, is_k_full, size_k, b_scales.shape[0])
-        if reason is not None:
-            return self._fallback("marlin_gemm", reason, keyset, *args)
-        return self._serve("marlin_gemm", lambda: self._run_marlin(
-            a, c, b_q_weight, b_bias, b_scales, b_zeros, perm if act_order else None, size_m, size_n, size_k),
-            keyset, args)
+    # The GEMM and the repacks changed their argument lists between generations; the kernels read the arguments by
+    # the names of the generation's recorded schema (a missing argument takes the value that older vLLMs implied).
+    def _gemm_kernel(self):
+        op, names = self.generation.gemm, self.generation.arg_names(self.generation.gemm)
 
-    def marlin_gemm_023(self, keyset, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros,
-                        workspace, b_type_id, size_m, size_n, size_k, use_atomic_add, use_fp32_reduce, is_zp_float):
-        args = (a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, workspace, b_type_id, size_m,
-                size_n, size_k, use_atomic_add, use_fp32_reduce, is_zp_float)
-        reason = self._marlin_gemm_reason(a, b_scales, b_zeros, a_scales, global_scale, b_type_id, size_m, size_n,
-                                          size_k, is_zp_float)
-        if reason is not None:
-            return self._fallback("marlin_gemm", reason, keyset, *args)
-        return self._serve("marlin_gemm", lambda: self._run_marlin(
-            a, c, b_q_weight, b_bias, b_scales, b_zeros, None, size_m, size_n, size_k), keyset, args)
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            a, b_scales, b_zeros, g_idx = p["a"], p["b_scales"], p["b_zeros_or_none"], p.get("g_idx_or_none")
+            size_m, size_n, size_k = p["size_m"], p["size_n"], p["size_k"]
+            reason = self._marlin_gemm_reason(a, b_scales, b_zeros, p.get("a_scales"), p["global_scale"],
+                                              p.get("b_type_id", p.get("b_q_type")), size_m, size_n, size_k,
+                                              p["is_zp_float"])
+            act_order = g_idx is not None and g_idx.numel() > 0
+            if reason is None and act_order:
+                reason = self._act_order_reason(g_idx, p["perm_or_none"], p.get("is_k_full", True), size_k,
+                                                b_scales.shape[0])
+            if reason is not None:
+                return self._fallback(op, reason, keyset, *args)
+            return self._serve(op, lambda: self._run_marlin(
+                a, p["c_or_none"], p["b_q_weight"], p["b_bias_or_none"], b_scales, b_zeros,
+                p["perm_or_none"] if act_order else None, size_m, size_n, size_k), keyset, args)
+        return kernel
+
+    def _gptq_repack_kernel(self):
+        names = self.generation.arg_names("gptq_marlin_repack")
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            q, perm, size_k, size_n, num_bits = p["b_q_weight"], p.get("perm"), p["size_k"], p["size_n"], p["num_bits"]
+            reason = self._repack_reason(q, size_k, size_n, num_bits, p.get("is_a_8bit", False))
+            if reason is None and perm is not None and perm.numel() not in (0, size_k):
+                reason = f"perm of {perm.numel()} rows for K={size_k}"
+            if reason is not None:
+                return self._fallback("gptq_marlin_repack", reason, keyset, *args)
+            if perm is None:
+                perm = torch.empty(0, dtype=torch.int32, device=q.device)
+            return self._serve("gptq_marlin_repack", lambda: _wt().gptq_marlin_repack(
+                q.contiguous(), perm.to(torch.int32), size_k, size_n, num_bits), keyset, args)
+        return kernel
+
+    def _awq_repack_kernel(self):
+        names = self.generation.arg_names("awq_marlin_repack")
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            q, size_k, size_n, num_bits = p["b_q_weight"], p["size_k"], p["size_n"], p["num_bits"]
+            reason = self._repack_reason(q, size_k, size_n, num_bits, p.get("is_a_8bit", False))
+            if reason is not None:
+                return self._fallback("awq_marlin_repack", reason, keyset, *args)
+            return self._serve("awq_marlin_repack", lambda: _wt().awq_marlin_repack(
+                q.contiguous(), size_k, size_n, num_bits), keyset, args)
+        return kernel
 
     def _repack_reason(self, b_q_weight, size_k, size_n, num_bits, is_a_8bit):
         if num_bits != 4:
@@ -234,33 +296,6 @@ class VllmAdapter:
         if not self.device_ok(b_q_weight.device):
             return f"device {b_q_weight.device} not served by w4a16"
         return None
-
-    def gptq_marlin_repack_015(self, keyset, b_q_weight, perm, size_k, size_n, num_bits, is_a_8bit):
-        args = (b_q_weight, perm, size_k, size_n, num_bits, is_a_8bit)
-        reason = self._repack_reason(b_q_weight, size_k, size_n, num_bits, is_a_8bit)
-        if reason is None and perm.numel() not in (0, size_k):
-            reason = f"perm of {perm.numel()} rows for K={size_k}"
-        if reason is not None:
-            return self._fallback("gptq_marlin_repack", reason, keyset, *args)
-        return self._serve("gptq_marlin_repack", lambda: _wt().gptq_marlin_repack(
-            b_q_weight.contiguous(), perm.to(torch.int32), size_k, size_n, num_bits), keyset, args)
-
-    def gptq_marlin_repack_023(self, keyset, b_q_weight, size_k, size_n, num_bits, is_a_8bit):
-        args = (b_q_weight, size_k, size_n, num_bits, is_a_8bit)
-        reason = self._repack_reason(b_q_weight, size_k, size_n, num_bits, is_a_8bit)
-        if reason is not None:
-            return self._fallback("gptq_marlin_repack", reason, keyset, *args)
-        no_perm = torch.empty(0, dtype=torch.int32, device=b_q_weight.device)
-        return self._serve("gptq_marlin_repack", lambda: _wt().gptq_marlin_repack(
-            b_q_weight.contiguous(), no_perm, size_k, size_n, num_bits), keyset, args)
-
-    def awq_marlin_repack(self, keyset, b_q_weight, size_k, size_n, num_bits, is_a_8bit):
-        args = (b_q_weight, size_k, size_n, num_bits, is_a_8bit)
-        reason = self._repack_reason(b_q_weight, size_k, size_n, num_bits, is_a_8bit)
-        if reason is not None:
-            return self._fallback("awq_marlin_repack", reason, keyset, *args)
-        return self._serve("awq_marlin_repack", lambda: _wt().awq_marlin_repack(
-            b_q_weight.contiguous(), size_k, size_n, num_bits), keyset, args)
 
     def _awq_reason(self, x_dtype, scales, K, N, device):
         if x_dtype not in _FLOATS or scales.dtype != x_dtype:
@@ -291,7 +326,7 @@ class VllmAdapter:
         return self._serve("awq_dequantize", lambda: _wt().awq_dequantize(
             qweight, scales, zeros, split_k_iters, thx, thy), keyset, args)
 
-    # ------------------------------------------------------------------ load-time act-order check (0.15-0.22)
+    # ------------------------------------------------------------------ load-time act-order check (up to 0.27)
     def check_act_order(self, sorted_g_idx, perm):
         """At load time (vLLM's marlin_sort_g_idx): an act-order layer is served when, sorted, every group holds the
         same number of rows (then row k is in group k / G, what w4a16's GEMM assumes). Reading the tensor syncs the
@@ -321,18 +356,17 @@ class VllmAdapter:
 
     # ------------------------------------------------------------------ install / remove
     def impls(self):
-        old = self.generation.schemas["marlin_gemm"] == _MARLIN_GEMM_015
         return {
-            "marlin_gemm": self.marlin_gemm_015 if old else self.marlin_gemm_023,
-            "gptq_marlin_repack": self.gptq_marlin_repack_015 if old else self.gptq_marlin_repack_023,
-            "awq_marlin_repack": self.awq_marlin_repack,
+            self.generation.gemm: self._gemm_kernel(),
+            "gptq_marlin_repack": self._gptq_repack_kernel(),
+            "awq_marlin_repack": self._awq_repack_kernel(),
             "awq_gemm": self.awq_gemm,
             "awq_dequantize": self.awq_dequantize,
         }
 
     def install(self):
         self.overrides.install(self.impls())
-        if self.generation.schemas["marlin_gemm"] == _MARLIN_GEMM_015 and self.overrides.namespace == "_C":
+        if "g_idx_or_none" in self.generation.schemas[self.generation.gemm] and self.overrides.namespace == "_C":
             try:
                 import importlib
                 self._wrap_sort_g_idx(importlib.import_module(
@@ -364,20 +398,18 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         return _installed
     if version_text is None:
         version_text = importlib.metadata.version("vllm")
-    gen = generation_for(version_text)
-    if gen is None:
-        known = ", ".join(f"{g.first[0]}.{g.first[1]}-{g.last[0]}.{g.last[1]}" for g in GENERATIONS)
-        log.warning("w4a16: vLLM %s is not a release this w4a16 knows (%s); vLLM's kernels are left as they are",
-                    version_text, known)
+    if not known_release(version_text):
+        log.warning("w4a16: vLLM %s is not a release this w4a16 knows (%d.%d-%d.%d); vLLM's kernels are left as they "
+                    "are", version_text, *FIRST_KNOWN, *LAST_KNOWN)
         return None
     if namespace == "_C":
         load_vllm_ops()
-    bad = _common.schema_mismatches(namespace, gen.schemas)
-    if bad:
+    gen, bad = generation_matching(namespace)
+    if gen is None:
         name, want, got = bad[0]
-        log.warning("w4a16: vLLM %s: _C::%s %s (w4a16 was written against %s); vLLM's kernels are left as they are",
-                    version_text, name, "is missing" if got is None else f"has the schema '{got}'",
-                    gen.recorded_from)
+        log.warning("w4a16: vLLM %s: _C::%s %s, not as in any vLLM release w4a16 was written against; vLLM's kernels "
+                    "are left as they are", version_text, name,
+                    "is missing" if got is None else f"has the schema '{got}'")
         return None
     if type_ids is None:
         from vllm.scalar_type import scalar_types
@@ -400,9 +432,9 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         return None
     _installed = adapter
     import w4a16
-    log.info("w4a16 %s serves vLLM %s's int4 linear layers (ops %s, schemas of vLLM %s): %s. MoE, W4A8, fp4/fp8 "
-             "and 8-bit stay on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text,
-             gen.name, gen.recorded_from, ", ".join(f"_C::{n}" for n in gen.schemas))
+    log.info("w4a16 %s serves vLLM %s's int4 linear layers (op generation %s): %s. MoE, W4A8, fp4/fp8 and 8-bit stay "
+             "on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text, gen.name,
+             ", ".join(f"_C::{n}" for n in gen.schemas))
     return adapter
 
 
