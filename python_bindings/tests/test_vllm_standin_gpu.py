@@ -34,6 +34,7 @@ class StandIn:
     def __init__(self, record, ns):
         self.record, self.ns, self.calls = record, ns, []
         self.gen = adapter_mod.generation_named(record["version"])
+        self._names = {op: self.gen.arg_names(op) for op in self.gen.schemas}  # parsed once, outside any trace
         lib = torch.library.Library(ns, "DEF")
         _libs.append(lib)
         for name in self.gen.schemas:
@@ -43,7 +44,7 @@ class StandIn:
         self.ids = record["scalar_type_ids"]
 
     def names(self, op):
-        return self.gen.arg_names(op)
+        return self._names[op]
 
     def _kernel(self, name):
         def kernel(*args):
@@ -134,7 +135,8 @@ def test_awq_layer(env, dtype, bias, K, N, G, M):
     w = rng.standard_normal((K, N)).astype(np.float32) * 0.05
     qw, qz, s = formats.awq_quantize(w, G)
     Geff = K if G == -1 else G
-    ref_w = formats.awq_dequantize(qw, qz, s.astype(np.float32), G).astype(np.float32)
+    s_dt = torch.from_numpy(s.astype(np.float32)).to(dtype).float().numpy()  # the scales as the layer holds them
+    ref_w = formats.awq_dequantize(qw, qz, s_dt, G).astype(np.float32)
     mw = _repack_awq(standin, qw, K, N)  # load time, as vLLM's layer code does it
     ms = _t(formats.marlin_permute_scales(s.astype(np.float32), K, N, Geff), dtype)
     mz = _t(formats.awq_to_marlin_zero_points(qz, K // Geff, N))
@@ -247,3 +249,23 @@ def test_compile_fullgraph_and_cuda_graph(env):
     torch.cuda.synchronize()
     assert _rel(static_y, forward(static_x).float()) < 1e-6
     assert standin.calls == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_awq_plain_ops(env, dtype):
+    """vLLM's non-Marlin AWQ path: _C::awq_gemm (few tokens) and _C::awq_dequantize (then a matmul)."""
+    standin, adapter = env
+    standin.calls.clear()
+    K, N, G, M = 512, 256, 128, 5
+    rng = np.random.default_rng(11)
+    qw, qz, s = formats.awq_quantize(rng.standard_normal((K, N)).astype(np.float32) * 0.05, G)
+    sc = _t(s.astype(np.float32), dtype)
+    w = torch.from_numpy(formats.awq_dequantize(qw, qz, sc.float().cpu().numpy(), G)).cuda().to(dtype)
+    x = torch.randn(M, K, device="cuda").to(dtype)
+    y = standin.call("awq_gemm", _in_feats=x, _kernel=_t(qw), _scaling_factors=sc, _zeros=_t(qz), split_k_iters=8)
+    d = standin.call("awq_dequantize", _kernel=_t(qw), _scaling_factors=sc, _zeros=_t(qz), split_k_iters=0, thx=0,
+                     thy=0)
+    torch.cuda.synchronize()
+    assert standin.calls == []
+    assert _rel(y, x.float() @ w.float()) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+    assert torch.equal(d, w)

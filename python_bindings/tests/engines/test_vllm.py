@@ -168,8 +168,9 @@ class Recorder:
 
     def awq_dequantize(self, qweight, scales, zeros, split_k_iters, thx, thy):
         self.calls.append(("awq_dequantize", qweight.clone(), scales.clone(), zeros.clone()))
-        return torch.from_numpy(formats.awq_dequantize(qweight.numpy(), zeros.numpy(),
-                                                       scales.float().numpy(), -1)).to(scales.dtype)
+        g = qweight.shape[0] // scales.shape[0]
+        return torch.from_numpy(formats.awq_dequantize(qweight.numpy(), zeros.numpy(), scales.float().numpy(),
+                                                       g)).to(scales.dtype)
 
     def named(self, name):
         return [c for c in self.calls if c[0] == name]
@@ -421,6 +422,41 @@ def test_gptq_act_order_row_parallel_shard_goes_to_vllm(rec, monkeypatch):
     with pytest.raises(NotImplementedError, match=f"_C::{GEN.gemm}"):  # vLLM's kernel: CUDA only, here on CPU
         method.apply(layer, x, None)
     assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {GEN.gemm: 1}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [4, 256])  # vLLM: awq_gemm below 256 tokens, awq_dequantize + matmul above
+def test_awq_plain_layer(rec, monkeypatch, dtype, tokens):
+    """vLLM's non-Marlin AWQ linear method (quantization=awq): the checkpoint tensors reach w4a16 as they are, and
+    vLLM adds the bias itself."""
+    _vllm_env(monkeypatch)
+    K, N, G = 256, 128, 64
+    qw, qz, s = _awq_checkpoint(K, N, G, dtype, seed=5)
+    try:
+        from vllm.model_executor.layers.quantization.awq import AWQConfig, AWQLinearMethod
+        method = AWQLinearMethod(AWQConfig(weight_bits=4, group_size=G, zero_point=True))
+    except ImportError:
+        from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQLinearMethod
+        method = AutoAWQLinearMethod(AutoAWQConfig.from_config({"bits": 4, "group_size": G, "zero_point": True}))
+    layer = torch.nn.Module()
+    method.create_weights(layer, K, [N], K, N, dtype, weight_loader=lambda *a, **k: None)
+    layer.qweight.data.copy_(qw)
+    layer.qzeros.data.copy_(qz)
+    layer.scales.data.copy_(s)
+    method.process_weights_after_loading(layer)
+    b = (torch.randn(N) * 0.5).to(dtype)
+    x = torch.randn(tokens, K).to(dtype)
+    y = method.apply(layer, x, b)
+    if tokens < 256:
+        (call,) = rec.named("awq_gemm")
+        assert _same(call[1], x) and _same(call[2], qw) and _same(call[3], s) and _same(call[4], qz)
+        assert _same(y, rec.out + b)
+    else:
+        (call,) = rec.named("awq_dequantize")
+        assert _same(call[1], qw) and _same(call[2], s) and _same(call[3], qz)
+        w = torch.from_numpy(formats.awq_dequantize(qw.numpy(), qz.numpy(), s.float().numpy(), G)).to(dtype)
+        assert _same(y, torch.matmul(x, w) + b)
+    assert rec.adapter.fell_back == {}
 
 
 # ---------------------------------------------------------------------------------------------- what stays on vLLM
