@@ -229,9 +229,8 @@ def _marlin_kernel_class():
 
 
 def _marlin_modules():
-    names = ["vllm.model_executor.layers.quantization.awq_marlin", "vllm.model_executor.layers.quantization.gptq_marlin",
-             "vllm.model_executor.layers.quantization.auto_awq", "vllm.model_executor.layers.quantization.auto_gptq",
-             "vllm.model_executor.layers.quantization.utils.marlin_utils"]
+    q = "vllm.model_executor.layers.quantization."
+    names = [q + "awq_marlin", q + "gptq_marlin", q + "auto_awq", q + "auto_gptq", q + "utils.marlin_utils"]
     mods = [_marlin_kernel_module()]
     for n in names:
         try:

@@ -22,7 +22,9 @@ w4a16 does not run on. MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM
 calls are the same `_C::*_marlin_repack` ops and get w4a16's bit-identical output.
 
 Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
-natural order, so it is put back in order on the way in (one small copy per call, capture-safe)."""
+natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
+use_fp32_reduce=False is not followed: w4a16 adds split-K partial sums in fp32 (at least as accurate). The decision
+costs a Python call per GEMM in eager mode; a CUDA-graph replay (vLLM's decode) runs without it."""
 import importlib.metadata
 import logging
 import os
