@@ -1,6 +1,7 @@
 """Reads an engine's live op schemas (the ops w4a16's adapters replace, and the MoE ops they leave alone) into the
 record kept under tests/engines/schemas/. `python engine_schemas.py vllm > record.json` (with the stub driver loaded,
 as conftest.py does) writes a new record; the tests compare the live engine with the stored one."""
+import importlib
 import importlib.metadata
 import json
 import sys
@@ -22,7 +23,6 @@ def _schema(qualname):
 
 
 def vllm_record():
-    import importlib
     import vllm._custom_ops  # noqa: F401
     for ext in ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch"):
         try:
