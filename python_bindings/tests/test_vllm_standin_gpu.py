@@ -110,7 +110,7 @@ def _repack_gptq(standin, q, perm, K, N, num_bits=4, is_a_8bit=False):
 
 
 def _repack_awq(standin, qw, K, N):
-    if "perm" in standin.names("gptq_marlin_repack"):  # up to the 0.15-0.27 generation: AWQ words repacked directly
+    if "perm" in standin.names("gptq_marlin_repack"):  # up to the 0.15-0.29 generation: AWQ words repacked directly
         return standin.call("awq_marlin_repack", b_q_weight=_t(qw), size_k=K, size_n=N, num_bits=4, is_a_8bit=False)
     # later: vLLM turns AWQ into the GPTQ packing, then the GPTQ repack
     return _repack_gptq(standin, _t(formats.gptq_pack(formats.awq_unpack(qw))), None, K, N)

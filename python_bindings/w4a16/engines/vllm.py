@@ -15,7 +15,7 @@ log line says why and vLLM is left untouched.
 
 Served by w4a16: 4-bit weights of types uint4 (AWQ, with zero points) and uint4b8 (GPTQ, symmetric), fp16/bf16
 activations, group sizes 32/64/128/per-channel, N % 64 == 0 and K % 128 == 0 for Marlin (K % 32 for the AWQ GEMM),
-act-order on the whole K (generations up to 0.15-0.27; later vLLMs refuse desc_act themselves). Goes to vLLM's kernel:
+act-order on the whole K (generations up to 0.15-0.29; later vLLMs refuse desc_act themselves). Goes to vLLM's kernel:
 activation scales (W4A8 int8/fp8), fp4/fp8 weights and global scales, 8-bit weights, float zero points, a
 row-parallel shard of an act-order layer (is_k_full=False), act-order whose groups are not whole, other shapes, GPUs
 w4a16 does not run on. MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM's kernels; their per-expert repack
@@ -87,8 +87,8 @@ GENERATIONS = (
                _schemas("gptq_marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
                         "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
                _TYPE_IDS),
-    # 0.15-0.27: the GEMM renamed marlin_gemm
-    Generation("0.15-0.27", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0"), "marlin_gemm",
+    # 0.15-0.29: the GEMM renamed marlin_gemm
+    Generation("0.15-0.29", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0", "0.28.0", "0.29.0"), "marlin_gemm",
                _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
                         "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
                _TYPE_IDS),
@@ -328,7 +328,7 @@ class VllmAdapter:
         return self._serve("awq_dequantize", lambda: _wt().awq_dequantize(
             qweight, scales, zeros, split_k_iters, thx, thy), keyset, args)
 
-    # ------------------------------------------------------------------ load-time act-order check (up to 0.27)
+    # ------------------------------------------------------------------ load-time act-order check (up to 0.29)
     def check_act_order(self, sorted_g_idx, perm):
         """At load time (vLLM's marlin_sort_g_idx): an act-order layer is served when, sorted, every group holds the
         same number of rows (then row k is in group k / G, what w4a16's GEMM assumes). Reading the tensor syncs the
