@@ -2,6 +2,7 @@
 #   make                 fat libw4a16.so / libw4a16.a (SASS for every arch in ARCHS, PTX for PTX_ARCH)
 #   make ARCHS=90        one architecture, for quick work
 #   make test            CPU tests, then GPU tests (skipped with a reason when no GPU is present)
+#   make test-engines    the adapters against the real engines (venvs cached outside the clone; no GPU needed)
 #   make bench           build and run the benchmark on the local GPU (the main job)
 #   make install PREFIX=/usr/local DESTDIR=
 #   make sass / make ptxas-report   inspect what was built
@@ -61,7 +62,7 @@ TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
 CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
 GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
 
-.PHONY: all lib tests test test-arch-mismatch sanitize fuzz bench bench-build install clean sass check-fat ptxas-report
+.PHONY: all lib tests test test-engines test-arch-mismatch sanitize fuzz bench bench-build install clean sass check-fat ptxas-report
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
@@ -147,6 +148,11 @@ test: lib tests
 	$(BUILD)/test_threads
 	$(BUILD)/test_moe
 	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests
+
+# The engine adapters against the real engine packages (tests/engines/*.spec; tools/engine-test says how). The first
+# run builds each engine's venv (about 10 minutes each), later runs reuse them; a venv that cannot be built fails.
+test-engines: lib
+	tools/engine-test
 
 # compute-sanitizer (on the GPU machine): memcheck over the quick GPU suite; racecheck, initcheck and synccheck over
 # the tests that do not launch cuBLAS (its kernels are not ours to check, and racecheck flags them)

@@ -142,55 +142,6 @@ def test_mlp_example(dtype):
     assert 0.03 < e_float < 0.2  # and the int4 quantisation error is what int4 gives (about 11% here)
 
 
-class _ScalarType:  # stand-in for vllm.scalar_type.ScalarType
-    def __init__(self, name):
-        self.name, self.size_bits = name, 4
-
-
-def test_vllm_adapters_against_a_stand_in_module():
-    """install() on a namespace with vLLM's op names: w4a16 serves the supported cases, the originals the rest."""
-    import types
-
-    from w4a16 import vllm_plugin
-    calls = []
-
-    def original_gemm(*args):
-        calls.append("original")
-        return "original"
-    ops = types.SimpleNamespace(awq_gemm=None, awq_dequantize=None, awq_marlin_repack=None, gptq_marlin_repack=None,
-                                gptq_marlin_gemm=original_gemm)
-    assert vllm_plugin.install(ops) == list(vllm_plugin.PATCHED_OPS)
-    K, N, G, M = 512, 256, 128, 3
-    qw, qz, s = make_awq(K, N, G, torch.float16)
-    x = torch.randn(M, K, device="cuda").half()
-    ref = x.float() @ wt.awq_dequantize(qw, s, qz, 0, 0, 0).float()
-    assert rel(ops.awq_gemm(x, qw, s, qz, 8), ref) < 1e-2
-    mw = ops.awq_marlin_repack(qw, K, N, 4)
-    ms = wt.marlin_permute_scales(s, K, N, G)
-    mz = wt.awq_to_marlin_zero_points(qz, K // G, N, 4)
-    empty = torch.empty(0, dtype=torch.int32, device="cuda")
-    ws = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    y = ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, empty, empty, ws, _ScalarType("uint4"), M, N, K, True,
-                             False, False, False)
-    assert rel(y, ref) < 1e-2 and calls == []
-    # act-order with cut groups (a row-parallel shard) goes to vLLM's own kernel
-    g_idx = torch.zeros(K, dtype=torch.int32, device="cuda")
-    assert ops.gptq_marlin_gemm(x, None, mw, None, ms, None, mz, g_idx, g_idx, ws, _ScalarType("uint4"), M, N, K,
-                                False, False, False, False) == "original"
-    assert calls == ["original"]
-    # act-order with whole groups (is_k_full): served by w4a16, as vLLM prepares it (sorted g_idx, perm, repack)
-    q = np.random.randint(0, 16, size=(K, N), dtype=np.uint8)
-    g_raw = torch.randperm(K).to(torch.int32) // G
-    perm = torch.argsort(g_raw, stable=True).to(torch.int32)
-    s2 = (torch.rand(K // G, N, device="cuda") * 0.01 + 0.005).half()
-    w = (torch.from_numpy(q.astype(np.float32)).cuda() - 8) * s2.float()[g_raw.cuda().long()]
-    mw2 = wt.gptq_marlin_repack(torch.from_numpy(formats.gptq_pack(q)).cuda(), perm.cuda(), K, N, 4)
-    y2 = ops.gptq_marlin_gemm(x, None, mw2, None, wt.marlin_permute_scales(s2, K, N, G), None, empty,
-                              g_raw[perm.long()].cuda(), perm.cuda(), ws, _ScalarType("uint4b8"), M, N, K, True,
-                              False, False, False)
-    assert calls == ["original"] and rel(y2, x.float() @ w.half().float()) < 1e-2
-
-
 def test_python_doctor_self_test():
     import subprocess
     import sys

@@ -1,1 +1,2 @@
-"""Engine adapters: plugins that route an inference engine's int4 ops to w4a16 (one module per engine)."""
+"""Engine adapters: w4a16 under inference engines' own int4 ops, chosen from the running engine's version and live
+op schemas (`vllm`, `sglang`; `_common` holds what they share)."""

@@ -1,0 +1,127 @@
+"""What the engine adapters share: reading an engine's live op schemas, replacing an op's kernel for one dispatch
+key while keeping the engine's own kernel callable, and the per-device question "does w4a16 run here".
+
+Why the dispatcher: from vLLM 0.15 on, the layers reach the int4 GEMM through `torch.ops._C.marlin_gemm` (0.23+:
+through a second custom op, `torch.ops.vllm.marlin_gemm`, that calls it), and torch.compile records the op itself
+in its graph. A replacement of Python module attributes is bypassed by both; a kernel registered for the op's CUDA
+dispatch key is what every caller (eager, compiled graph, CUDA-graph replay of a capture) ends up running. The
+op's schema and its fake (meta) implementation stay the engine's, so tracing and torch.compile see the same op."""
+import logging
+
+import torch
+
+log = logging.getLogger("w4a16.engines")
+
+
+def live_schema(namespace, name):
+    """The schema string of torch.ops.<namespace>.<name>.default, or None when the op does not exist."""
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return None
+    try:
+        return str(packet.default._schema)
+    except AttributeError:
+        return None
+
+
+def schema_mismatches(namespace, expected):
+    """[(op, expected schema, live schema or None)] for every op of `expected` whose live schema differs."""
+    out = []
+    for name, schema in expected.items():
+        live = live_schema(namespace, name)
+        if live is not None and namespace != "_C":  # a stand-in namespace holding the recorded schemas
+            live = "_C::" + live.split("::", 1)[1] if live.startswith(namespace + "::") else live
+        if live != schema:
+            out.append((name, schema, live))
+    return out
+
+
+def can_override():
+    """Whether this torch can hand back an op's existing kernel (torch.library.get_kernel, torch >= 2.9)."""
+    return hasattr(torch.library, "get_kernel")
+
+
+class Overrides:
+    """Kernels of existing ops replaced for one dispatch key, all or none. `original(name)` is the engine's kernel
+    for that key (a SafeKernelFunction: call_boxed(keyset, *args)); `remove()` puts the engine's kernels back."""
+
+    def __init__(self, namespace, dispatch_key):
+        self.namespace, self.dispatch_key = namespace, dispatch_key
+        self._originals = {}
+        self._lib = None
+
+    def install(self, impls):
+        """impls: {op name: fn(keyset, *args)}. Raises (and registers nothing) when any op cannot be replaced."""
+        originals = {}
+        for n in impls:
+            try:
+                originals[n] = torch.library.get_kernel(f"{self.namespace}::{n}", self.dispatch_key)
+            except RuntimeError:
+                # The engine has no kernel for this key. Only allowed off CUDA: the engine tests install for the CPU
+                # key, where vLLM's CUDA wheels register nothing, and its calls then fail as the dispatcher would.
+                if self.dispatch_key == "CUDA":
+                    raise
+                originals[n] = None
+        lib = torch.library.Library(self.namespace, "IMPL")
+        try:
+            for name, fn in impls.items():
+                lib.impl(name, fn, self.dispatch_key, with_keyset=True, allow_override=True)
+        except Exception:
+            lib._destroy()
+            raise
+        self._originals, self._lib = originals, lib
+
+    def original(self, name):
+        return self._originals[name]
+
+    def call_original(self, name, keyset, *args):
+        kernel = self._originals[name]
+        if kernel is None:
+            raise NotImplementedError(f"Could not run '{self.namespace}::{name}' with arguments from the "
+                                      f"'{self.dispatch_key}' backend: the engine has no kernel for it")
+        return kernel.call_boxed(keyset, *args)
+
+    def remove(self):
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+
+
+_device_ok = {}
+
+
+def device_supported(device):
+    """Whether w4a16 runs on this CUDA device (asked once per device; a host query, no stream work)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _device_ok.get(idx)
+    if ok is None:
+        import w4a16
+        try:
+            info = w4a16.device_info(idx)
+            ok = bool(info["supported"])
+            if not ok:
+                log.warning("w4a16: device %d (%s) is not supported by this w4a16 (%s); its layers stay on the "
+                            "engine's kernels", idx, info["name"], info["reason"])
+        except w4a16.W4A16Error as e:
+            log.warning("w4a16: cannot query device %d (%s); its layers stay on the engine's kernels", idx, e)
+            ok = False
+        _device_ok[idx] = ok
+    return ok
+
+
+def marlin_bias_unpermute(b):
+    """Inverse of the engines' Marlin bias order (vLLM's marlin_permute_bias): within each 32 columns the engine
+    puts column 8a + 2i + j at position 8i + 2a + j (a, i < 4; j < 2), a swap of two axes of a [4, 4, 2] view, so
+    the permutation is its own inverse. Views and one copy: no index tensor, nothing that a CUDA-graph capture or
+    torch.compile cannot take."""
+    return b.reshape(-1, 4, 4, 2).transpose(1, 2).reshape(b.shape).contiguous()
+
+
+def group_size_of(size_k, scale_rows):
+    """w4a16's group size from the scales' row count, or None when the rows do not split K evenly."""
+    if scale_rows == 1:
+        return -1
+    if scale_rows <= 0 or size_k % scale_rows:
+        return None
+    return size_k // scale_rows

@@ -1,0 +1,466 @@
+"""vLLM adapter: runs vLLM's dense int4 Marlin / AWQ linear layers on w4a16, chosen from the running vLLM.
+
+Where it hooks in (see _common for why the dispatcher): the CUDA kernels of vLLM's own ops -- the Marlin GEMM
+(`_C::gptq_marlin_gemm` up to 0.14, `_C::marlin_gemm` from 0.15), `_C::gptq_marlin_repack`, `_C::awq_marlin_repack`,
+`_C::awq_gemm` and `_C::awq_dequantize` -- are replaced through torch.library. vLLM's Python code, its fake
+implementations and torch.compile's graphs stay as they are; every call lands here at run time, with real tensors,
+where w4a16 serves it or hands it to vLLM's own kernel (kept with torch.library.get_kernel). Only host-side facts
+decide (dtypes, shapes, the call's ints and bools, what was recorded while the weights loaded): no device
+synchronisation, nothing a CUDA-graph capture cannot take.
+
+vLLM changed these ops' argument lists over its releases; each set is a Generation below, written from the schemas
+compiled into the wheels. The adapter installs only for a release in the known range whose live schemas all equal
+one generation's (tests/engines/schemas/ holds the live records of the releases the engine tests run); otherwise one
+log line says why and vLLM is left untouched.
+
+Served by w4a16: 4-bit weights of types uint4 (AWQ, with zero points) and uint4b8 (GPTQ, symmetric), fp16/bf16
+activations, group sizes 32/64/128/per-channel, N % 64 == 0 and K % 128 == 0 for Marlin (K % 32 for the AWQ GEMM),
+act-order on the whole K (generations up to 0.15-0.29; later vLLMs refuse desc_act themselves). Goes to vLLM's kernel:
+activation scales (W4A8 int8/fp8), fp4/fp8 weights and global scales, 8-bit weights, float zero points, a
+row-parallel shard of an act-order layer (is_k_full=False), act-order whose groups are not whole, other shapes, GPUs
+w4a16 does not run on. MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM's kernels; their per-expert repack
+calls are the same `_C::*_marlin_repack` ops and get w4a16's bit-identical output.
+
+Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
+natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
+use_fp32_reduce=False is not followed: w4a16 adds split-K partial sums in fp32 (at least as accurate). The decision
+costs a Python call per GEMM in eager mode; a CUDA-graph replay (vLLM's decode) runs without it."""
+import importlib.metadata
+import logging
+import os
+import re
+
+import torch
+
+from . import _common
+
+# A child of vLLM's logger, so the lines show in vLLM's own log output (vLLM's handler sits on "vllm").
+log = logging.getLogger("vllm.w4a16")
+
+def _schemas(gemm_name, gemm_args, gptq_repack, awq_repack):
+    return {
+        gemm_name: f"_C::{gemm_name}({gemm_args}) -> Tensor",
+        "gptq_marlin_repack": f"_C::gptq_marlin_repack({gptq_repack}) -> Tensor",
+        "awq_marlin_repack": f"_C::awq_marlin_repack({awq_repack}) -> Tensor",
+        "awq_gemm": "_C::awq_gemm(Tensor _in_feats, Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
+                    "SymInt split_k_iters) -> Tensor",
+        "awq_dequantize": "_C::awq_dequantize(Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
+                          "SymInt split_k_iters, int thx, int thy) -> Tensor",
+    }
+
+
+_GEMM_HEAD = ("Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+              "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, ")
+_GEMM_ACT_ORDER = "Tensor? g_idx_or_none, Tensor? perm_or_none, "
+_GEMM_TAIL = ("Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
+              "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float")
+_REPACK_A8 = "SymInt size_k, SymInt size_n, int num_bits, bool is_a_8bit"
+
+
+class Generation:
+    """A set of op schemas vLLM kept over a range of releases. `recorded_from`: the release whose live schemas (read
+    with the wheel loaded) are stored in tests/engines/schemas; `seen_in`: releases whose compiled schemas were read
+    to find where the generation starts and ends."""
+
+    def __init__(self, name, recorded_from, seen_in, gemm, schemas, type_ids):
+        self.name, self.recorded_from, self.seen_in = name, recorded_from, seen_in
+        self.gemm, self.schemas, self.type_ids = gemm, schemas, type_ids
+
+    def arg_names(self, op):
+        return [a.name for a in torch._C.parse_schema(self.schemas[op]).arguments]
+
+
+# ScalarType ids (vllm.scalar_type.scalar_types.<t>.id) as the wheels compute them; checked against the live vLLM.
+_TYPE_IDS = {"uint4": 1125899906843648, "uint4b8": 1125899907892224}
+
+GENERATIONS = (
+    # 0.11: gptq_marlin_gemm without activation scales, repacks without is_a_8bit
+    Generation("0.11", "0.11.2", ("0.11.2",), "gptq_marlin_gemm",
+               _schemas("gptq_marlin_gemm",
+                        "Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+                        "Tensor? global_scale, Tensor? b_zeros_or_none, " + _GEMM_ACT_ORDER +
+                        _GEMM_TAIL.replace("int b_type_id", "int b_q_type"),
+                        "Tensor b_q_weight, Tensor perm, SymInt size_k, SymInt size_n, int num_bits",
+                        "Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits"), _TYPE_IDS),
+    # 0.12-0.14: activation scales (W4A8) and is_a_8bit added
+    Generation("0.12-0.14", "0.14.1", ("0.12.0", "0.14.1"), "gptq_marlin_gemm",
+               _schemas("gptq_marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
+               _TYPE_IDS),
+    # 0.15-0.29: the GEMM renamed marlin_gemm
+    Generation("0.15-0.29", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0", "0.28.0", "0.29.0"), "marlin_gemm",
+               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
+               _TYPE_IDS),
+    # 0.30-0.33: act-order gone from the dense GEMM and the GPTQ repack (vLLM refuses desc_act itself)
+    Generation("0.30-0.33", "0.33.0", ("0.30.0", "0.33.0"), "marlin_gemm",
+               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_TAIL.replace("bool is_k_full, ", ""),
+                        "Tensor b_q_weight, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
+               _TYPE_IDS),
+)
+
+# Releases this adapter accepts at all (a generation is then chosen by the live schemas).
+FIRST_KNOWN, LAST_KNOWN = (0, 11), (0, 33)
+_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def parse_version(text):
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(g or 0) for g in m.groups()) if m else None
+
+
+def known_release(version_text):
+    v = parse_version(version_text)
+    return v is not None and FIRST_KNOWN <= v[:2] <= LAST_KNOWN
+
+
+def generation_matching(namespace="_C"):
+    """(the generation whose schemas all equal the live ones, or None; the closest generation's mismatches)."""
+    best = None
+    for gen in GENERATIONS:
+        bad = _common.schema_mismatches(namespace, gen.schemas)
+        if not bad:
+            return gen, []
+        # closest: the generation whose GEMM op exists here, then the fewest differences
+        rank = (any(name == gen.gemm and live is None for name, _, live in bad), len(bad))
+        if best is None or rank < best[0]:
+            best = (rank, sorted(bad, key=lambda m: m[0] != gen.gemm))
+    return None, best[1]
+
+
+def generation_named(recorded_from):
+    return next((g for g in GENERATIONS if g.recorded_from == recorded_from), None)
+
+
+def load_vllm_ops():
+    """Import vLLM's compiled extension(s) holding the _C ops (vllm._C, and vllm._C_stable_libtorch in newer
+    releases; vLLM itself imports them from its CUDA platform code, which may not have run yet when plugins load)."""
+    import vllm._custom_ops  # noqa: F401
+    loaded = []
+    for name in ("vllm._C", "vllm._C_stable_libtorch"):
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError:
+            pass
+    return loaded
+
+
+def _wt():
+    from .. import torch as wt  # looked up per call, so that tests can stand in for w4a16's ops
+    return wt
+
+
+class VllmAdapter:
+    """The installed replacement. `served` / `fell_back` count calls per op (host counters, for logs and tests)."""
+
+    def __init__(self, generation, dispatch_key="CUDA", device_ok=None, namespace="_C"):
+        self.generation = generation
+        self.overrides = _common.Overrides(namespace, dispatch_key)
+        self.device_ok = device_ok or _common.device_supported
+        self.uint4, self.uint4b8 = generation.type_ids["uint4"], generation.type_ids["uint4b8"]
+        self.served, self.fell_back = {}, {}
+        self._said = set()
+        # act-order layers whose sorted groups were checked whole at load time: perm data_ptr -> (perm, g_idx, G)
+        self.act_order = {}
+        self._unpatch = []
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _fallback(self, op, reason, keyset, *args):
+        self.fell_back[op] = self.fell_back.get(op, 0) + 1
+        if (op, reason) not in self._said:
+            self._said.add((op, reason))
+            log.info("w4a16: _C::%s goes to vLLM's kernel: %s", op, reason)
+        return self.overrides.call_original(op, keyset, *args)
+
+    def _serve(self, op, fn, keyset, args):
+        """Run w4a16's op; if w4a16 refuses the call (it then launched and wrote nothing), vLLM's kernel runs it."""
+        import w4a16
+        try:
+            out = fn()
+        except (ValueError, w4a16.W4A16Error) as e:
+            return self._fallback(op, f"w4a16 refused it ({e})", keyset, *args)
+        self.served[op] = self.served.get(op, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------ decisions (host-side only)
+    def _marlin_gemm_reason(self, a, b_scales, b_zeros, a_scales, global_scale, b_type_id, size_m, size_n, size_k,
+                            is_zp_float):
+        if a_scales is not None:
+            return "activation scales (W4A8)"
+        if global_scale is not None:
+            return "global scale (fp4)"
+        if is_zp_float:
+            return "float zero points"
+        if a.dtype not in _FLOATS or b_scales.dtype != a.dtype:
+            return f"activations {a.dtype} with scales {b_scales.dtype}"
+        has_zp = b_zeros is not None and b_zeros.numel() > 0
+        if b_type_id == self.uint4:
+            if not has_zp:
+                return "uint4 without zero points"
+        elif b_type_id == self.uint4b8:
+            if has_zp:
+                return "uint4b8 with zero points"
+        else:
+            return f"weight type id {b_type_id} (not 4-bit uint4 / uint4b8)"
+        if size_m < 1 or size_n % 64 or size_k % 128:
+            return f"shape M={size_m} N={size_n} K={size_k} (w4a16 Marlin: N % 64, K % 128)"
+        if _common.group_size_of(size_k, b_scales.shape[0]) not in (32, 64, 128, -1):
+            return f"{b_scales.shape[0]} scale rows for K={size_k}"
+        if not self.device_ok(a.device):
+            return f"device {a.device} not served by w4a16"
+        return None
+
+    def _act_order_reason(self, g_idx, perm, is_k_full, size_k, scale_rows):
+        if not is_k_full:
+            return "act-order on a row-parallel shard (is_k_full=False)"
+        entry = None if perm is None else self.act_order.get((perm.data_ptr(), perm.numel()))
+        if entry is None or entry[1].data_ptr() != g_idx.data_ptr():
+            return "act-order layer whose groups were not checked whole at load time"
+        if entry[2] != _common.group_size_of(size_k, scale_rows):
+            return "act-order group size differs from the scales'"
+        return None
+
+    def _run_marlin(self, a, c, b_q_weight, b_bias, b_scales, b_zeros, perm, size_m, size_n, size_k):
+        wt = _wt()
+        a2 = a.reshape(size_m, size_k).contiguous()
+        if perm is not None:
+            a2 = wt.permute_cols(a2, perm)
+        zeros = b_zeros if b_zeros is not None and b_zeros.numel() > 0 else None
+        bias = _common.marlin_bias_unpermute(b_bias) if b_bias is not None else None
+        out = wt.marlin_gemm(a2, b_q_weight, b_scales, zeros, bias, size_m, size_n, size_k)
+        if c is not None:
+            c.copy_(out)
+            return c
+        return out
+
+    # ------------------------------------------------------------------ op kernels (called with the dispatch keyset)
+    # The GEMM and the repacks changed their argument lists between generations; the kernels read the arguments by
+    # the names of the generation's recorded schema (a missing argument takes the value that older vLLMs implied).
+    def _gemm_kernel(self):
+        op, names = self.generation.gemm, self.generation.arg_names(self.generation.gemm)
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            a, b_scales, b_zeros, g_idx = p["a"], p["b_scales"], p["b_zeros_or_none"], p.get("g_idx_or_none")
+            size_m, size_n, size_k = p["size_m"], p["size_n"], p["size_k"]
+            reason = self._marlin_gemm_reason(a, b_scales, b_zeros, p.get("a_scales"), p["global_scale"],
+                                              p.get("b_type_id", p.get("b_q_type")), size_m, size_n, size_k,
+                                              p["is_zp_float"])
+            act_order = g_idx is not None and g_idx.numel() > 0
+            if reason is None and act_order:
+                reason = self._act_order_reason(g_idx, p["perm_or_none"], p.get("is_k_full", True), size_k,
+                                                b_scales.shape[0])
+            if reason is not None:
+                return self._fallback(op, reason, keyset, *args)
+            return self._serve(op, lambda: self._run_marlin(
+                a, p["c_or_none"], p["b_q_weight"], p["b_bias_or_none"], b_scales, b_zeros,
+                p["perm_or_none"] if act_order else None, size_m, size_n, size_k), keyset, args)
+        return kernel
+
+    def _gptq_repack_kernel(self):
+        names = self.generation.arg_names("gptq_marlin_repack")
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            q, perm, size_k, size_n, num_bits = p["b_q_weight"], p.get("perm"), p["size_k"], p["size_n"], p["num_bits"]
+            reason = self._repack_reason(q, size_k, size_n, num_bits, p.get("is_a_8bit", False))
+            if reason is None and perm is not None and perm.numel() not in (0, size_k):
+                reason = f"perm of {perm.numel()} rows for K={size_k}"
+            if reason is not None:
+                return self._fallback("gptq_marlin_repack", reason, keyset, *args)
+            if perm is None:
+                perm = torch.empty(0, dtype=torch.int32, device=q.device)
+            return self._serve("gptq_marlin_repack", lambda: _wt().gptq_marlin_repack(
+                q.contiguous(), perm.to(torch.int32), size_k, size_n, num_bits), keyset, args)
+        return kernel
+
+    def _awq_repack_kernel(self):
+        names = self.generation.arg_names("awq_marlin_repack")
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            q, size_k, size_n, num_bits = p["b_q_weight"], p["size_k"], p["size_n"], p["num_bits"]
+            reason = self._repack_reason(q, size_k, size_n, num_bits, p.get("is_a_8bit", False))
+            if reason is not None:
+                return self._fallback("awq_marlin_repack", reason, keyset, *args)
+            return self._serve("awq_marlin_repack", lambda: _wt().awq_marlin_repack(
+                q.contiguous(), size_k, size_n, num_bits), keyset, args)
+        return kernel
+
+    def _repack_reason(self, b_q_weight, size_k, size_n, num_bits, is_a_8bit):
+        if num_bits != 4:
+            return f"{num_bits}-bit weights"
+        if is_a_8bit:
+            return "8-bit activation layout (W4A8)"
+        if b_q_weight.dtype != torch.int32 or size_n % 64 or size_k % 16:
+            return f"{b_q_weight.dtype} weights of K={size_k} N={size_n} (w4a16 repack: N % 64, K % 16)"
+        if not self.device_ok(b_q_weight.device):
+            return f"device {b_q_weight.device} not served by w4a16"
+        return None
+
+    def _awq_reason(self, x_dtype, scales, K, N, device):
+        if x_dtype not in _FLOATS or scales.dtype != x_dtype:
+            return f"{x_dtype} with scales {scales.dtype}"
+        if N % 64 or K % 32:
+            return f"shape K={K} N={N} (w4a16 AWQ: N % 64, K % 32)"
+        if _common.group_size_of(K, scales.shape[0]) not in (32, 64, 128, -1):
+            return f"{scales.shape[0]} scale rows for K={K}"
+        if not self.device_ok(device):
+            return f"device {device} not served by w4a16"
+        return None
+
+    def awq_gemm(self, keyset, x, qweight, scales, qzeros, split_k_iters):
+        args = (x, qweight, scales, qzeros, split_k_iters)
+        reason = "input is not 2-D" if x.dim() != 2 else self._awq_reason(
+            x.dtype, scales, x.shape[1], scales.shape[1], x.device)
+        if reason is not None:
+            return self._fallback("awq_gemm", reason, keyset, *args)
+        return self._serve("awq_gemm", lambda: _wt().awq_gemm(x.contiguous(), qweight, scales, qzeros, 0),
+                           keyset, args)
+
+    def awq_dequantize(self, keyset, qweight, scales, zeros, split_k_iters, thx, thy):
+        args = (qweight, scales, zeros, split_k_iters, thx, thy)
+        reason = "a partial (thx, thy) tile" if (thx, thy) != (0, 0) else self._awq_reason(
+            scales.dtype, scales, qweight.shape[0], scales.shape[1], scales.device)
+        if reason is not None:
+            return self._fallback("awq_dequantize", reason, keyset, *args)
+        return self._serve("awq_dequantize", lambda: _wt().awq_dequantize(
+            qweight, scales, zeros, split_k_iters, thx, thy), keyset, args)
+
+    # ------------------------------------------------------------------ load-time act-order check (up to 0.29)
+    def check_act_order(self, sorted_g_idx, perm):
+        """At load time (vLLM's marlin_sort_g_idx): an act-order layer is served when, sorted, every group holds the
+        same number of rows (then row k is in group k / G, what w4a16's GEMM assumes). Reading the tensor syncs the
+        device, which is fine while loading; the forward only looks the answer up by perm's address."""
+        k = sorted_g_idx.numel()
+        if k == 0:
+            return False
+        groups = int(sorted_g_idx[-1].item()) + 1
+        g = k // groups if groups > 0 and k % groups == 0 else 0
+        ok = bool(g) and torch.equal(sorted_g_idx, torch.arange(k, device=sorted_g_idx.device,
+                                                                 dtype=sorted_g_idx.dtype) // g)
+        if ok:
+            self.act_order[(perm.data_ptr(), perm.numel())] = (perm, sorted_g_idx, -1 if groups == 1 else g)
+        return ok
+
+    def _wrap_sort_g_idx(self, module):
+        original = module.marlin_sort_g_idx
+        adapter = self
+
+        def marlin_sort_g_idx(g_idx):
+            sorted_g_idx, perm = original(g_idx)
+            adapter.check_act_order(sorted_g_idx, perm)
+            return sorted_g_idx, perm
+
+        module.marlin_sort_g_idx = marlin_sort_g_idx
+        self._unpatch.append(lambda: setattr(module, "marlin_sort_g_idx", original))
+
+    # ------------------------------------------------------------------ install / remove
+    def impls(self):
+        return {
+            self.generation.gemm: self._gemm_kernel(),
+            "gptq_marlin_repack": self._gptq_repack_kernel(),
+            "awq_marlin_repack": self._awq_repack_kernel(),
+            "awq_gemm": self.awq_gemm,
+            "awq_dequantize": self.awq_dequantize,
+        }
+
+    def install(self):
+        self.overrides.install(self.impls())
+        if "g_idx_or_none" in self.generation.schemas[self.generation.gemm] and self.overrides.namespace == "_C":
+            try:
+                import importlib
+                self._wrap_sort_g_idx(importlib.import_module(
+                    "vllm.model_executor.layers.quantization.kernels.mixed_precision.marlin"))
+            except (ImportError, AttributeError):
+                pass  # act-order layers then stay on vLLM's kernel (their groups were never checked)
+
+    def remove(self):
+        self.overrides.remove()
+        for undo in self._unpatch:
+            undo()
+        self._unpatch.clear()
+
+
+_installed = None
+
+
+def installed():
+    return _installed
+
+
+def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=None, namespace="_C"):
+    """Install w4a16 under the running vLLM's ops when its version and op schemas are known; returns the
+    VllmAdapter, or None after one log line saying why vLLM was left alone. `version_text` defaults to the
+    installed vLLM's version; `type_ids` ({"uint4", "uint4b8"}) to vLLM's scalar_types. Stand-in tests (no vLLM)
+    pass the type ids and a `namespace` holding ops defined with the recorded schemas."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    if version_text is None:
+        version_text = importlib.metadata.version("vllm")
+    if not known_release(version_text):
+        log.warning("w4a16: vLLM %s is not a release this w4a16 knows (%d.%d-%d.%d); vLLM's kernels are left as they "
+                    "are", version_text, *FIRST_KNOWN, *LAST_KNOWN)
+        return None
+    if namespace == "_C":
+        load_vllm_ops()
+    gen, bad = generation_matching(namespace)
+    if gen is None:
+        name, want, got = bad[0]
+        log.warning("w4a16: vLLM %s: _C::%s %s, not as in any vLLM release w4a16 was written against; vLLM's kernels "
+                    "are left as they are", version_text, name,
+                    "is missing" if got is None else f"has the schema '{got}'")
+        return None
+    if type_ids is None:
+        from vllm.scalar_type import scalar_types
+        type_ids = {"uint4": scalar_types.uint4.id, "uint4b8": scalar_types.uint4b8.id}
+    if type_ids != gen.type_ids:
+        log.warning("w4a16: vLLM %s numbers its weight types differently (%s, expected %s); vLLM's kernels are left "
+                    "as they are", version_text, type_ids, gen.type_ids)
+        return None
+    if not _common.can_override():
+        log.warning("w4a16: torch %s cannot keep vLLM's kernels callable (no torch.library.get_kernel); vLLM's "
+                    "kernels are left as they are", torch.__version__)
+        return None
+    adapter = VllmAdapter(gen, dispatch_key, device_ok, namespace)
+    try:
+        adapter.install()
+    except Exception as e:  # nothing stays registered (Overrides.install is all or none)
+        adapter.remove()
+        log.warning("w4a16: could not replace vLLM %s's ops (%s); vLLM's kernels are left as they are",
+                    version_text, e)
+        return None
+    _installed = adapter
+    import w4a16
+    log.info("w4a16 %s serves vLLM %s's int4 linear layers (op generation %s): %s. MoE, W4A8, fp4/fp8 and 8-bit stay "
+             "on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text, gen.name,
+             ", ".join(f"_C::{n}" for n in gen.schemas))
+    return adapter
+
+
+def uninstall():
+    global _installed
+    if _installed is not None:
+        _installed.remove()
+        _installed = None
+
+
+def register():
+    """The `vllm.general_plugins` entry point, called by vLLM in each of its processes. Returns True when w4a16
+    serves vLLM's int4 layers in this process."""
+    if os.environ.get("W4A16_VLLM", "1") == "0":
+        log.info("w4a16: W4A16_VLLM=0, vLLM's kernels are left as they are")
+        return False
+    try:
+        import w4a16  # noqa: F401  (raises LibraryNotFound when libw4a16.so cannot be loaded)
+        load_vllm_ops()
+    except ImportError as e:
+        log.warning("w4a16: not replacing vLLM's ops: %s", e)
+        return False
+    try:
+        return install() is not None
+    except Exception as e:  # never fail vLLM's start-up because of w4a16
+        log.warning("w4a16: not replacing vLLM's ops: %s", e)
+        return False
