@@ -71,7 +71,7 @@ GENCODE  := $(foreach a,$(ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 CUDA_INC := -I$(CUDA_INCDIR)
 CUDA_LIB := -L$(CUDA_LIBDIR)
 # Fatbin compression: the library holds SASS for seven architectures; "size" compresses each image about 5x
-# against nvcc's default mode (docs/PERFORMANCE.md "Build"). FATBIN_COMPRESS= keeps nvcc's default.
+# against nvcc's default mode (README "Build time and size"). FATBIN_COMPRESS= keeps nvcc's default.
 FATBIN_COMPRESS ?= --compress-mode=size
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Wno-format-truncation -fPIC -fvisibility=hidden $(CUDA_INC) -D_GNU_SOURCE
