@@ -26,5 +26,14 @@ rm -rf "$root/src/w4a16" && mkdir -p "$root/src/w4a16"
 git -C "$repo" archive HEAD | tar -x -C "$root/src/w4a16"
 echo "fresh-machine: $(chroot "$root" /usr/bin/python3 --version), $(chroot "$root" sh -c '. /etc/os-release; echo $PRETTY_NAME')," \
     "commit $(git -C "$repo" rev-parse --short HEAD)"
-chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    /bin/bash -c "cd /src/w4a16 && export ARCHS='$archs' PTX_ARCH= && tools/install-deps && make -j\$(nproc) test"
+in_root() {
+    chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        ARCHS="$archs" PTX_ARCH= /bin/bash -c "cd /src/w4a16 && $1"
+}
+in_root 'tools/install-deps && make -j$(nproc) test'
+# the benchmark command: builds everything, then needs a GPU
+rc=0
+out=$(in_root 'tools/install-deps && make -j$(nproc) bench' 2>&1) || rc=$?
+echo "$out" | tail -3
+if [ $rc -ne 0 ] && ! grep -q "no usable CUDA GPU" <<<"$out"; then echo "fresh-machine: make bench FAILED"; exit 1; fi
+echo "fresh-machine: passed (make test; make bench built and $([ $rc -eq 0 ] && echo ran || echo 'stopped: no GPU'))"
