@@ -9,12 +9,12 @@ from ._lib import (BF16, FLAG_PDL, FLAG_REDUCE_IN_DTYPE, FP16, STATUS_NAMES, Lib
                    version, version_number, workspace_size, workspace_size_staged)
 
 
-
 def __getattr__(name):  # the library loads on first use, so that `import w4a16.formats` works without it
     if name in ("library_path", "__version__"):
         from . import _lib as lib
         return lib.library_path if name == "library_path" else lib.version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BF16", "FLAG_PDL", "FLAG_REDUCE_IN_DTYPE", "FP16", "STATUS_NAMES", "LibraryNotFound", "W4A16Error", "awq_dequantize", "awq_gemm", "compiled_archs",

@@ -109,6 +109,7 @@ def __getattr__(name):  # module attribute `library_path`: the file loaded (load
         return _lib.path
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 _c = ctypes
 _lib.w4a16_version_number.restype = _c.c_uint
 _lib.w4a16_version_string.restype = _c.c_char_p
