@@ -130,7 +130,7 @@ def test_marlin_repack_gptq_perm_is_applied():
     ((np.zeros((2, 128), np.float16), 512, 128, 128), "scales has shape (2, 128), expected (4, 128)"),
     ((np.zeros((1, 32), np.float16), 256, 32, -1), "size_n=32 must be a positive multiple of 64"),
     ((np.zeros((2, 64), np.float16), 256, 64, 96), "group_size=96 is not one of 32, 64, 128, -1"),
-    ((np.zeros((2, 64), np.int32), 256, 64, 128), "scales must be a float array, got int32"),
+    ((np.zeros((2, 64), np.int32), 256, 64, 128), "scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got int32"),
 ])
 def test_marlin_permute_scales_checks_sizes(args, text):
     with pytest.raises((ValueError, TypeError), match=re.escape(text)):

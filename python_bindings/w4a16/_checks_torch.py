@@ -167,7 +167,7 @@ def gptq_marlin_repack(b_q_weight, perm, size_k, size_n, bits):
         shape(op, "perm", perm, (size_k,), "[size_k]")
     devices(op, {"b_q_weight": b_q_weight, "perm": perm if has_perm else None}, {"perm": 4})
     if has_perm:
-        if torch.cuda.is_current_stream_capturing():
+        if perm.is_cuda and torch.cuda.is_current_stream_capturing():
             _fail(op, "perm's values cannot be checked while a CUDA graph is being captured: repack before capture")
         lo, hi = perm.min().item(), perm.max().item()
         if lo < -1 or hi >= size_k:

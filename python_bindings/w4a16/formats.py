@@ -154,8 +154,9 @@ def awq_dequantize(qweight, qzeros, scales, group_size=128):
     fn = "awq_dequantize"
     qweight, qzeros = _words(fn, qweight, "qweight"), _words(fn, qzeros, "qzeros")
     scales = _array(fn, "scales", scales, 2)
-    if scales.dtype.kind != "f":
-        _fail(fn, f"scales must be a float array, got {scales.dtype}", TypeError)
+    if scales.dtype.kind != "f" and scales.dtype not in (np.uint16, np.int16):
+        _fail(fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}",
+              TypeError)
     k, n = qweight.shape[0], 8 * qweight.shape[1]
     _multiple(fn, "N", n, 64, positive=True)
     g = _groups(fn, k, group_size)
@@ -227,12 +228,14 @@ def marlin_repack_gptq(qweight, perm=None):
 
 
 def marlin_permute_scales(scales, size_k, size_n, group_size):
-    """scales [K/G, N] (float) -> Marlin order; size_k, size_n and group_size must match the tensor."""
+    """scales [K/G, N] (float, or the raw bits of fp16 / bf16 as uint16 / int16: numpy has no bfloat16) -> Marlin
+    order; size_k, size_n and group_size must match the tensor."""
     fn = "marlin_permute_scales"
     size_k, size_n = _int(fn, "size_k", size_k), _int(fn, "size_n", size_n)
     scales = _array(fn, "scales", scales, 2)
-    if scales.dtype.kind != "f":
-        _fail(fn, f"scales must be a float array, got {scales.dtype}", TypeError)
+    if scales.dtype.kind != "f" and scales.dtype not in (np.uint16, np.int16):
+        _fail(fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}",
+              TypeError)
     _multiple(fn, "size_n", size_n, 64, positive=True)
     _multiple(fn, "size_k", size_k, 16, positive=True)
     g = _groups(fn, size_k, group_size)

@@ -163,7 +163,8 @@ class Lib:
     def __init__(self, mp, reference):
         self.calls = []
         self.reference = reference  # (A bits, M, K, dtype) -> C [M, N] as the GEMM output
-        mp.setattr(wt, "_cuda_contig", self._contig)
+        # the ops check shapes, dtypes and contiguity as they would on a GPU; only the CUDA-device check goes
+        mp.setattr(wt._checks, "devices", self._devices)
         mp.setattr(wt, "prepare", lambda device=None: self.workspace)
         mp.setattr(wt, "_stream", lambda t: 0)
         mp.setattr(wt, "_dev_index", lambda t: 0)
@@ -174,10 +175,9 @@ class Lib:
             mp.setattr(wt._lib, name, getattr(self, name, self._unexpected(name)))
 
     @staticmethod
-    def _contig(name, t, dtype=None):
-        assert t.is_contiguous(), name
-        if dtype is not None:
-            assert t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype, (name, t.dtype)
+    def _devices(op, named, align=None):
+        devs = {t.device for t in named.values() if t is not None}
+        assert devs <= {torch.device("cpu")}, (op, devs)
 
     def _unexpected(self, name):
         def call(*args, **kwargs):
