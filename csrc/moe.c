@@ -97,19 +97,16 @@ w4a16_status w4a16_moe_workspace_size(size_t *bytes) {
 
 /* K splits of the 16-row tile: only when the tiles (routing blocks x 64-channel tiles, counted from the routing
  * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots;
- * then as many splits as fill the slots, at most 16, each with at least 2 of the tile's 128-k steps (so the copy
- * pipeline still overlaps). */
-#ifndef W4A16_MOE_SPLIT_WAVES
-#define W4A16_MOE_SPLIT_WAVES 1 /* resident waves the splits may fill (an A/B knob; the workspace holds 8 per SM) */
-#endif
+ * then as many splits as fill the slots once (two waves' worth was slower on every split row of the H100 benchmark),
+ * at most 16, each with at least 5 of the tile's 128-k steps: a split costs a round trip through the workspace and
+ * the last block's additions, which 3 k-steps per split did not repay (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
 static int moe_splits(int sm_count, int per_sm, long long tiles, int K) {
     if (per_sm > W4A16_MOE_SPLIT_SLOTS_PER_SM) per_sm = W4A16_MOE_SPLIT_SLOTS_PER_SM;
-    const long long slots = (long long)sm_count * per_sm, room = (long long)sm_count * W4A16_MOE_SPLIT_SLOTS_PER_SM;
+    const long long slots = (long long)sm_count * per_sm;
     if (per_sm < 1 || tiles * 2 > slots) return 1;
-    long long s = slots * W4A16_MOE_SPLIT_WAVES / tiles;
-    if (s > room / tiles) s = room / tiles;
+    long long s = slots / tiles;
     const int nkt = (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK;
-    if (s > nkt / 2) s = nkt / 2;
+    if (s > nkt / 5) s = nkt / 5;
     if (s > 16) s = 16;
     return s < 1 ? 1 : (int)s;
 }

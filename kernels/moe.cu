@@ -106,7 +106,8 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
 };
 
-template <typename T, int LAYOUT, int MT, int WN, int KS>
+// SPLIT: K split across gridDim.z blocks (a separate instance, so the unsplit kernels carry none of its code).
+template <typename T, int LAYOUT, int MT, int WN, int KS, bool SPLIT>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WN, KS>;
@@ -128,9 +129,9 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
     const int N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
     // this block's k-tiles [kt0, kt0 + nk): split z of gridDim.z (host: every split gets at least one k-tile)
-    const int nkt = (K + BK - 1) / BK, splits = gridDim.z;
-    const int kt0 = (int)((long long)blockIdx.z * nkt / splits);
-    const int nk = (int)((long long)(blockIdx.z + 1) * nkt / splits) - kt0;
+    const int nkt = (K + BK - 1) / BK, splits = SPLIT ? (int)gridDim.z : 1; // splits <= 16, nkt < 2^24: int math
+    const int kt0 = SPLIT ? (int)blockIdx.z * nkt / splits : 0;
+    const int nk = SPLIT ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
     const int g_last = (K - 1) >> gshift, groups = g_last + 1;
     const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
     const T *A = static_cast<const T *>(p.A);
@@ -378,24 +379,37 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 red[((warp * MT + mt) * 8 + j) * 32 + lane] =
                     make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
         __syncthreads();
-        // the WN x MT x 8 n8 blocks shared among the 4 warps (NSL per warp: n8 block warp + 4 s); each sums the
-        // K-split warps' parts in warp order
-        constexpr int NSL = WN * MT * 8 / WARPS, TILE_F4 = WN * MT * 8 * 32;
-        float4 out[NSL];
-        bool live[NSL];
+        if constexpr (!SPLIT) {
+            // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
+            for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
+                const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
 #pragma unroll
-        for (int sl = 0; sl < NSL; sl++) {
-            const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-            live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
-            float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-#pragma unroll
-            for (int w = 1; w < WK; w++) {
-                const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                for (int w = 1; w < WK; w++) {
+                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                store(mt, j, n0 + gn * 64, sum);
             }
-            out[sl] = sum;
-        }
-        if (splits > 1) { // this split's sums to the workspace; the tile's last block adds all splits in order
+        } else {
+            // as above into registers (NSL n8 blocks per warp: warp + 4 sl), then this split's sums to the workspace;
+            // the tile's last block to arrive adds all splits in split order and stores
+            constexpr int NSL = WN * MT * 8 / WARPS, TILE_F4 = WN * MT * 8 * 32;
+            float4 out[NSL];
+            bool live[NSL];
+#pragma unroll
+            for (int sl = 0; sl < NSL; sl++) {
+                const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
+                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+                for (int w = 1; w < WK; w++) {
+                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                out[sl] = sum;
+            }
             const int tile = blockIdx.y * gridDim.x + blockIdx.x;
             float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
 #pragma unroll
@@ -421,13 +435,9 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                     const float4 v = __ldcg(src + (size_t)sp * TILE_F4);
                     sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
                 }
-                out[sl] = sum;
+                const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                store(mt, j, n0 + gn * 64, sum);
             }
-        }
-#pragma unroll
-        for (int sl = 0; sl < NSL; sl++) {
-            const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-            if (live[sl]) store(mt, j, n0 + gn * 64, out[sl]);
         }
     }
 }
@@ -446,7 +456,9 @@ template <int LAYOUT, int MT> int smem_of(int stages) {
 
 template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
     constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS>;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
+    if constexpr (MT == 1) // only the 16-row tile splits K
+        if (a.splits > 1) kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
     const int smem = smem_of<LAYOUT, MT>(a.stages);
     cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
@@ -463,7 +475,7 @@ static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE
 template <typename T, int LAYOUT> int blocks_per_sm(int stages) {
     int n = 0;
     const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, gemm_kernel<T, LAYOUT, 1, Cfg<1>::WN, Cfg<1>::KS>, THREADS, smem_of<LAYOUT, 1>(stages));
+        &n, gemm_kernel<T, LAYOUT, 1, Cfg<1>::WN, Cfg<1>::KS, true>, THREADS, smem_of<LAYOUT, 1>(stages));
     return err == cudaSuccess ? n : 0;
 }
 

@@ -558,8 +558,8 @@ static void test_moe_groups_blocks(void **state) {
  * the workspace) and left the counters zeroed (checked in check_gemm). Then the same layer without a workspace (never
  * split) and under the forced sm120 profile; and a workspace one byte short: refused, nothing written. */
 static const moe_case split_cases[] = {
-    {1, 8, 2, 2048, 192, IDS_DISTINCT}, {2, 16, 4, 1088, 128, IDS_DROP}, /* K = 8 x 128 + 64: a K tail */
-    {4, 64, 8, 1024, 128, IDS_DISTINCT}, {16, 64, 4, 768, 128, IDS_DUP},
+    {1, 8, 2, 2048, 192, IDS_DISTINCT}, {2, 16, 4, 1344, 128, IDS_DROP}, /* K = 10 x 128 + 64: a K tail */
+    {4, 64, 8, 2048, 128, IDS_DISTINCT}, {16, 64, 4, 1280, 128, IDS_DUP},
 };
 
 static void test_moe_split_k(void **state) {
@@ -708,7 +708,7 @@ static void test_moe_converters_bit_exact(void **state) {
 static void test_moe_graph_capture(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const int T = 16, E = 64, top_k = 8, K = 1024, N = 128, bs = 16; /* 136 tiles of 8 k-steps: K is split */
+    const int T = 16, E = 64, top_k = 8, K = 2048, N = 128, bs = 16; /* 136 tiles of 16 k-steps: K is split */
     experts X;
     experts_make(&X, E, K, N, 128, W4A16_FP16, KIND_MARLIN_AWQ);
     int32_t *ids = malloc((size_t)T * top_k * 4);
