@@ -55,6 +55,9 @@ def prepare(device=None):
     idx = torch.cuda.current_device() if idx is None else idx
     ws = _workspaces.get(idx)
     if ws is None:
+        if torch.cuda.is_current_stream_capturing():  # it would live in the graph's pool, zeroed by every replay
+            raise RuntimeError("w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
+                               "run the layer once) before capturing a CUDA graph" % idx)
         with torch.cuda.device(idx):
             ws = torch.zeros(raw.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
         _workspaces[idx] = ws
