@@ -97,6 +97,8 @@ struct ModelData {
     double touched_avg = 0;
 };
 std::unique_ptr<ModelData> cur;
+void *g_ws = nullptr; // the split-K workspace (w4a16_moe_workspace_size), zeroed once
+size_t g_ws_bytes = 0;
 
 void free_routes(ModelData *d) {
     for (Routing &r : d->routes) {
@@ -188,9 +190,11 @@ void launch(Path p, ModelData *d, bool down, int i) {
     const float *tw = down ? R.tw : nullptr;
     w4a16_status st =
         p == MARLIN ? w4a16_moe_marlin_gemm(A, s.mweight, s.mscales, s.mzeros, nullptr, tw, C, R.sorted, R.eids, R.npp,
-                                            R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, nullptr)
+                                            R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws,
+                                            g_ws_bytes, nullptr)
                     : w4a16_moe_awq_gemm(A, s.qweight, s.scales, s.qzeros, nullptr, tw, C, R.sorted, R.eids, R.npp,
-                                         R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, nullptr);
+                                         R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws, g_ws_bytes,
+                                         nullptr);
     W4_CHECK(st);
 }
 
@@ -382,6 +386,9 @@ int main(int argc, char **argv) {
                 dev.info.reason[0] ? dev.info.reason : w4a16_last_error_message());
         return 1;
     }
+    W4_CHECK(w4a16_moe_workspace_size(&g_ws_bytes));
+    g_ws = gpu_alloc(g_ws_bytes);
+    GPU_CHECK(cudaMemset(g_ws, 0, g_ws_bytes));
     measure_ceilings();
     printf("bench_moe: %s; copy %.2f TB/s, cuBLAS fp16 %.0f TFLOP/s\n", dev.info.reason, dev.copy_tbps,
            dev.cublas_tflops);
@@ -395,5 +402,6 @@ int main(int argc, char **argv) {
         cur->w13.release();
         cur->w2.release();
     }
+    cudaFree(g_ws);
     return 0;
 }

@@ -75,6 +75,42 @@ w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens,
                              "w4a16_moe_align_block_size");
 }
 
+/* Split-K workspace of the MoE GEMMs: a counter per tile, then the fp32 sums of every split of every tile, for at most
+ * W4A16_MOE_SPLIT_SLOTS_PER_SM blocks per SM (splits are only chosen while tiles x splits stay within that). */
+static size_t moe_counters_bytes(int sm_count) {
+    return ((size_t)sm_count * W4A16_MOE_SPLIT_SLOTS_PER_SM * sizeof(int) + 255) & ~(size_t)255;
+}
+static size_t moe_workspace_bytes(int sm_count) {
+    return moe_counters_bytes(sm_count) + (size_t)sm_count * W4A16_MOE_SPLIT_SLOTS_PER_SM * W4A16_MOE_SPLIT_TILE_BYTES;
+}
+
+w4a16_status w4a16_moe_workspace_size(size_t *bytes) {
+    w4a16_clear_error();
+    if (!bytes) return w4a16_fail(W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    int device;
+    const w4a16_device_state *st;
+    w4a16_status s = w4a16_current_device(&device, &st);
+    if (s != W4A16_OK) return s;
+    *bytes = moe_workspace_bytes(st->sm_count);
+    return W4A16_OK;
+}
+
+/* K splits of the 16-row tile: only when the tiles (routing blocks x 64-channel tiles, counted from the routing
+ * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots;
+ * then as many splits as fill the slots once (two waves' worth was slower on every split row of the H100 benchmark),
+ * at most 16, each with at least 5 of the tile's 128-k steps: a split costs a round trip through the workspace and
+ * the last block's additions, which 3 k-steps per split did not repay (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
+static int moe_splits(int sm_count, int per_sm, long long tiles, int K) {
+    if (per_sm > W4A16_MOE_SPLIT_SLOTS_PER_SM) per_sm = W4A16_MOE_SPLIT_SLOTS_PER_SM;
+    const long long slots = (long long)sm_count * per_sm;
+    if (per_sm < 1 || tiles * 2 > slots) return 1;
+    long long s = slots / tiles;
+    const int nkt = (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK;
+    if (s > nkt / 5) s = nkt / 5;
+    if (s > 16) s = 16;
+    return s < 1 ? 1 : (int)s;
+}
+
 /* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
 static int moe_group_shift(int G) {
     if (G & (G - 1)) return 31;
@@ -87,7 +123,8 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
                              const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
                              const int32_t *expert_ids, const int32_t *num_post_padded, int sorted_capacity,
                              int blocks_capacity, int block_size, int M, int top_k, int E, int N, int K, int group_size,
-                             w4a16_dtype dtype, w4a16_stream_t stream, const char *op) {
+                             w4a16_dtype dtype, void *workspace, size_t workspace_bytes, w4a16_stream_t stream,
+                             const char *op) {
     w4a16_status s;
     int G, device;
     const w4a16_device_state *st;
@@ -100,7 +137,8 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         (s = w4a16_check_ptr(bias, "bias", 4, 0)) || (s = w4a16_check_ptr(topk_weights, "topk_weights", 4, 0)) ||
         (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_ptr(sorted_ids, "sorted_ids", 4, 1)) ||
         (s = w4a16_check_ptr(expert_ids, "expert_ids", 4, 1)) ||
-        (s = w4a16_check_ptr(num_post_padded, "num_tokens_post_padded", 4, 1)))
+        (s = w4a16_check_ptr(num_post_padded, "num_tokens_post_padded", 4, 1)) ||
+        (s = w4a16_check_ptr(workspace, "workspace", 16, workspace_bytes > 0)))
         return s;
     if (M < 1 || top_k < 1 || E < 1)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "M=%d, top_k=%d and num_experts=%d must be at least 1", M, top_k, E);
@@ -119,6 +157,10 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         (s = w4a16_check_size("W[E,K,N]", (long long)E * K, N)))
         return s;
     if ((s = w4a16_current_device(&device, &st))) return s;
+    if (workspace_bytes > 0 && workspace_bytes < moe_workspace_bytes(st->sm_count))
+        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
+                          "w4a16_moe_workspace_size() asks for on device %d", op, workspace_bytes,
+                          moe_workspace_bytes(st->sm_count), device);
     w4a16_moe_launch a = {0};
     a.A = A; a.B = W; a.scales = scales; a.zeros = zeros; a.bias = bias; a.topk_weights = topk_weights; a.C = C;
     a.sorted_ids = sorted_ids; a.expert_ids = expert_ids; a.num_post_padded = num_post_padded;
@@ -135,6 +177,13 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE, "%s: block_size=%d needs %d bytes of shared memory; device %d "
                           "allows %zu", op, block_size, w4a16_moe_smem_bytes(block_size, layout, a.stages), device,
                           st->smem_optin);
+    a.splits = 1;
+    if (workspace_bytes > 0) {
+        const long long tiles = (long long)a.grid_blocks * ((N + 63) / 64);
+        a.splits = moe_splits(st->sm_count, w4a16_moe_blocks_per_sm(block_size, dtype, layout, a.stages), tiles, K);
+        a.counters = (int *)workspace;
+        a.partials = (char *)workspace + moe_counters_bytes(st->sm_count);
+    }
     a.stream = stream;
     return moe_launch_status(w4a16_launch_moe_gemm(&a), op);
 }
@@ -144,22 +193,23 @@ w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const v
                                    const int32_t *expert_ids, const int32_t *num_tokens_post_padded,
                                    int sorted_capacity, int blocks_capacity, int block_size, int M, int top_k,
                                    int num_experts, int N, int K, int group_size, w4a16_dtype dtype,
-                                   w4a16_stream_t stream) {
+                                   void *workspace, size_t workspace_bytes, w4a16_stream_t stream) {
     w4a16_clear_error();
     return moe_gemm(W4A16_LAYOUT_MARLIN, A, weight, scales, zeros, bias, topk_weights, C, sorted_ids, expert_ids,
                     num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
-                    group_size, dtype, stream, "w4a16_moe_marlin_gemm");
+                    group_size, dtype, workspace, workspace_bytes, stream, "w4a16_moe_marlin_gemm");
 }
 
 w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
                                 const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
                                 const int32_t *expert_ids, const int32_t *num_tokens_post_padded, int sorted_capacity,
                                 int blocks_capacity, int block_size, int M, int top_k, int num_experts, int N, int K,
-                                int group_size, w4a16_dtype dtype, w4a16_stream_t stream) {
+                                int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                                w4a16_stream_t stream) {
     w4a16_clear_error();
     return moe_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, topk_weights, C, sorted_ids, expert_ids,
                     num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
-                    group_size, dtype, stream, "w4a16_moe_awq_gemm");
+                    group_size, dtype, workspace, workspace_bytes, stream, "w4a16_moe_awq_gemm");
 }
 
 /* ---------------------------------------------------------------- stacked converters: the per-expert launches with

@@ -323,13 +323,25 @@ W4A16_API w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int n
  * 8 up to 64 here; sorted_capacity / blocks_capacity are their sizes (blocks_capacity * block_size >= sorted_capacity).
  * Preconditions: M, top_k, E >= 1; N a multiple of 64; K a multiple of 64 and of G; G in {32, 64, 128, -1};
  * A, C, weight, scales, zeros 16-byte aligned, bias, topk_weights and the routing buffers 4-byte aligned.
- * Accumulates in fp32, deterministic (a row's result does not depend on where its entry sits in sorted_ids). */
+ * workspace: at least w4a16_moe_workspace_size() bytes, 16-byte aligned, zeroed once after allocation (each call
+ * leaves it zeroed again, so one workspace serves every MoE GEMM on the device and CUDA-graph replays; not shared by
+ * calls that run concurrently); or NULL with workspace_bytes == 0, and then K is never split (slower at decode sizes).
+ * W4A16_ERR_WORKSPACE_TOO_SMALL when 0 < workspace_bytes < that size; nothing is launched then.
+ * Accumulates in fp32, deterministic: the same arguments give the same bits on every run. A row's result does not
+ * depend on where its entry sits in sorted_ids; with a workspace, the K split (at most 16 parts, chosen from N, K,
+ * block_size and sorted_capacity when block_size <= 16 and the blocks would leave most SMs idle) changes the order
+ * of the fp32 additions, so rows may differ in the last bits between calls with different sizes. */
+/* Bytes of the MoE GEMMs' split-K workspace on the current device (a few MB: per-tile counters and fp32 sums for
+ * up to 8 blocks per SM). Returns W4A16_ERR_NULL_POINTER or a device status, and then writes nothing. */
+W4A16_API w4a16_status w4a16_moe_workspace_size(size_t *bytes);
+
 W4A16_API w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const void *scales,
                                              const int32_t *zeros, const void *bias, const float *topk_weights,
                                              void *C, const int32_t *sorted_ids, const int32_t *expert_ids,
                                              const int32_t *num_tokens_post_padded, int sorted_capacity,
                                              int blocks_capacity, int block_size, int M, int top_k, int num_experts,
-                                             int N, int K, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
+                                             int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                             size_t workspace_bytes, w4a16_stream_t stream);
 
 /* The same on AutoAWQ checkpoint tensors as stored, stacked: qweight [E, K, N/8], scales [E, K/G, N],
  * qzeros [E, K/G, N/8] (required). Same preconditions. */
@@ -338,7 +350,8 @@ W4A16_API w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight,
                                           const int32_t *sorted_ids, const int32_t *expert_ids,
                                           const int32_t *num_tokens_post_padded, int sorted_capacity,
                                           int blocks_capacity, int block_size, int M, int top_k, int num_experts,
-                                          int N, int K, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
+                                          int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                          size_t workspace_bytes, w4a16_stream_t stream);
 
 /* Converters for stacked experts: the per-expert converters above applied to each of the E slices (same output bit
  * for bit, same preconditions per expert). perm (device int32 [E, K], may be NULL): act-order permutation per

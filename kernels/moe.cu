@@ -8,6 +8,12 @@
 // groups the stage touches. Each warp takes one k16 step of every stage (mma.sync m16n8k16, B fragments dequantised
 // in registers with common.cuh's magic-number helpers); the four warps' fp32 sums are added in warp order through
 // shared memory at the end, so a row's result does not depend on which other rows share its block.
+//
+// Split K across blocks (gridDim.z > 1, 16-row tile only): where the routing blocks x channel tiles leave most of the
+// GPU's block slots empty (decode: T x top_k pairs in a few routing blocks), each tile's k-tiles are divided among
+// gridDim.z blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an
+// atomic counter per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits
+// on every run whichever block arrives last.
 #include <cuda_runtime.h>
 #include "common.cuh"
 #include "configs.h"
@@ -100,7 +106,8 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
 };
 
-template <typename T, int LAYOUT, int MT, int WN, int KS>
+// SPLIT: K split across gridDim.z blocks (a separate instance, so the unsplit kernels carry none of its code).
+template <typename T, int LAYOUT, int MT, int WN, int KS, bool SPLIT>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WN, KS>;
@@ -120,7 +127,11 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     if (tid < BM && tid < bs && (long long)blk * bs + tid < p.sorted_capacity)
         id = p.sorted_ids[(size_t)blk * bs + tid];
     if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
-    const int N = p.N, K = p.K, nk = (K + BK - 1) / BK, stages = p.stages, gshift = p.gshift;
+    const int N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
+    // this block's k-tiles [kt0, kt0 + nk): split z of gridDim.z (host: every split gets at least one k-tile)
+    const int nkt = (K + BK - 1) / BK, splits = SPLIT ? (int)gridDim.z : 1; // splits <= 16, nkt < 2^24: int math
+    const int kt0 = SPLIT ? (int)blockIdx.z * nkt / splits : 0;
+    const int nk = SPLIT ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
     const int g_last = (K - 1) >> gshift, groups = g_last + 1;
     const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
     const T *A = static_cast<const T *>(p.A);
@@ -178,7 +189,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
     };
     // the first stages' weights need only the expert: they are on their way while the rows are gathered
-    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(s, smem + s * STAGE);
+    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(kt0 + s, smem + s * STAGE);
     if (tid < BM) {
         const bool ok = id >= 0 && id < p.M * p.top_k;
         s_src[tid] = ok ? id / p.top_k : -1;
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
-        if (s < nk) issue_a(s, smem + s * STAGE);
+        if (s < nk) issue_a(kt0 + s, smem + s * STAGE);
         cp_async_commit();
     }
     const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
@@ -236,12 +247,12 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
         if (i + stages - 1 < nk) {
             unsigned char *nx = smem + ((i + stages - 1) % stages) * STAGE;
-            issue_w(i + stages - 1, nx);
-            issue_a(i + stages - 1, nx);
+            issue_w(kt0 + i + stages - 1, nx);
+            issue_a(kt0 + i + stages - 1, nx);
         }
         cp_async_commit();
         const unsigned char *st = smem + (i % stages) * STAGE;
-        const int k0 = i * BK;
+        const int k0 = (kt0 + i) * BK;
         uint32_t fr[2][4]; // packed weights of two k16 steps
         fetch(st, wk * KS, fr[0]);
 #pragma unroll
@@ -368,17 +379,65 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 red[((warp * MT + mt) * 8 + j) * 32 + lane] =
                     make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
         __syncthreads();
-        // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
-        for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
-            const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-            if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
-            float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+        if constexpr (!SPLIT) {
+            // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
+            for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
+                const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
 #pragma unroll
-            for (int w = 1; w < WK; w++) {
-                const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                for (int w = 1; w < WK; w++) {
+                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                store(mt, j, n0 + gn * 64, sum);
             }
-            store(mt, j, n0 + gn * 64, sum);
+        } else {
+            // as above into registers (NSL n8 blocks per warp: warp + 4 sl), then this split's sums to the workspace;
+            // the tile's last block to arrive adds all splits in split order and stores
+            constexpr int NSL = WN * MT * 8 / WARPS, TILE_F4 = WN * MT * 8 * 32;
+            float4 out[NSL];
+            bool live[NSL];
+#pragma unroll
+            for (int sl = 0; sl < NSL; sl++) {
+                const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
+                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+                for (int w = 1; w < WK; w++) {
+                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                out[sl] = sum;
+            }
+            const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+            float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
+#pragma unroll
+            for (int sl = 0; sl < NSL; sl++)
+                if (live[sl]) __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32, out[sl]);
+            __shared__ int s_last;
+            __threadfence(); // the sums are visible device-wide before the counter says so
+            __syncthreads();
+            if (tid == 0) {
+                const int prev = atomicAdd(p.counters + tile, 1);
+                s_last = prev == splits - 1;
+                if (s_last) p.counters[tile] = 0; // the workspace is left as it was found: zeroed
+            }
+            __syncthreads();
+            if (!s_last) return;
+            __threadfence();
+#pragma unroll
+            for (int sl = 0; sl < NSL; sl++) {
+                if (!live[sl]) continue;
+                const float4 *src = all + (warp + WARPS * sl) * 32;
+                float4 sum = __ldcg(src);
+                for (int sp = 1; sp < splits; sp++) { // split order: the same sum whichever block is last
+                    const float4 v = __ldcg(src + (size_t)sp * TILE_F4);
+                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                }
+                const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                store(mt, j, n0 + gn * 64, sum);
+            }
         }
     }
 }
@@ -397,13 +456,27 @@ template <int LAYOUT, int MT> int smem_of(int stages) {
 
 template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
     constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS>;
+    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
+    if constexpr (MT == 1) // only the 16-row tile splits K
+        if (a.splits > 1) kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
     const int smem = smem_of<LAYOUT, MT>(a.stages);
     cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN);
+    dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN, a.splits);
     kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
     return cudaGetLastError();
+}
+
+static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE_SPLIT_BK &&
+                  Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BM * Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN,
+                  Cfg<1>::KS>::BN * 4 == W4A16_MOE_SPLIT_TILE_BYTES, "split-K sizes of csrc/moe.c");
+
+// Resident blocks per SM of the 16-row tile (0 if the occupancy query fails: then K is not split).
+template <typename T, int LAYOUT> int blocks_per_sm(int stages) {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, gemm_kernel<T, LAYOUT, 1, Cfg<1>::WN, Cfg<1>::KS, true>, THREADS, smem_of<LAYOUT, 1>(stages));
+    return err == cudaSuccess ? n : 0;
 }
 
 template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &a) {
@@ -433,6 +506,16 @@ extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
                : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages) : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
     return mt == 1 ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
            : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages) : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
+}
+
+extern "C" int w4a16_moe_blocks_per_sm(int block_size, int dtype, int layout, int stages) {
+    using namespace w4a16::moe;
+    if (block_size > 16) return 0; // only the 16-row tile splits K
+    if (dtype == 0)
+        return layout == W4A16_LAYOUT_AWQ ? blocks_per_sm<__half, W4A16_LAYOUT_AWQ>(stages)
+                                          : blocks_per_sm<__half, W4A16_LAYOUT_MARLIN>(stages);
+    return layout == W4A16_LAYOUT_AWQ ? blocks_per_sm<__nv_bfloat16, W4A16_LAYOUT_AWQ>(stages)
+                                      : blocks_per_sm<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(stages);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {

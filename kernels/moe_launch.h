@@ -26,12 +26,21 @@ typedef struct w4a16_moe_launch {
     int gshift;             /* log2(G), 31 when G = K is not a power of two */
     int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
     int dtype, layout, stages;
+    int splits;     /* K split across gridDim.z blocks (block_size <= 16 only); 1: no split */
+    int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / 64), zero between calls */
+    void *partials; /* workspace: splits x 16 x 64 fp32 sums per tile */
     void *stream;
 } w4a16_moe_launch;
 
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
 /* Dynamic shared memory of the MoE GEMM for block_size rows, a layout and a pipeline depth. */
 int w4a16_moe_smem_bytes(int block_size, int layout, int stages);
+/* Resident blocks per SM of the tile that splits K (block_size <= 16; dtype 0 fp16, 1 bf16); 0 for other block
+ * sizes or when the occupancy query fails (then K is not split). */
+int w4a16_moe_blocks_per_sm(int block_size, int dtype, int layout, int stages);
+/* Block slots per SM the split-K workspace is sized for, and the fp32 sums of one tile (16 rows x 64 channels). */
+/* The k of one pipeline stage of that tile. */
+enum { W4A16_MOE_SPLIT_SLOTS_PER_SM = 8, W4A16_MOE_SPLIT_TILE_BYTES = 16 * 64 * 4, W4A16_MOE_SPLIT_BK = 128 };
 
 #ifdef __cplusplus
 }

@@ -74,10 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int cap = (int)take(&r, 4), bcap = (int)take(&r, 4);
         if (op == 8)
             check(w4a16_moe_marlin_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k,
-                                        E, N, K, G, (w4a16_dtype)dt, NULL));
+                                        E, N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL));
         else if (op == 9)
             check(w4a16_moe_awq_gemm(a, b, c, d, e, (const float *)ws, (void *)f, b, d, e, cap, bcap, bs, M, top_k, E,
-                                     N, K, G, (w4a16_dtype)dt, NULL));
+                                     N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL));
         else if (op == 10)
             check(w4a16_moe_align_block_size(b, M, top_k, E, bs, (int32_t *)f, cap, (int32_t *)(void *)ws, bcap,
                                              (int32_t *)(void *)ws, NULL));

@@ -48,3 +48,7 @@ int w4a16_launch_moe_align(const int32_t *ids, int n, int E, int bs, int32_t *so
 }
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) { (void)a; abort(); }
 int w4a16_moe_smem_bytes(int bs, int layout, int stages) { (void)bs; (void)layout; (void)stages; abort(); }
+int w4a16_moe_blocks_per_sm(int bs, int dtype, int layout, int stages) {
+    (void)bs; (void)dtype; (void)layout; (void)stages;
+    abort();
+}

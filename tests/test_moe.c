@@ -2,7 +2,8 @@
  * against its CPU checker and both grouped GEMMs (AWQ layout; Marlin layout from AWQ and from symmetric GPTQ) against
  * a per-expert dense reference in double, over token counts, expert counts, top-k, group sizes, block sizes, both
  * dtypes, skewed routings (one expert for all, empty experts, duplicated choices, dropped pairs) and the forced sm120
- * profile; the stacked converters bit for bit against the per-expert ones; graph capture. Fresh random inputs every
+ * profile; K split across blocks through the workspace at decode sizes (left zeroed, deterministic, small workspaces
+ * refused); the stacked converters bit for bit against the per-expert ones; graph capture. Fresh random inputs every
  * run (the seed is printed); outputs are poisoned with NaN before each launch, every routed row must be written and
  * every dropped row left alone. Without a usable GPU the GPU tests are skipped, saying why. */
 #include <math.h>
@@ -59,7 +60,8 @@ static void assert_bufs_untouched(void) {
 #define I32(b) ((int32_t *)(b))
 /* a valid call's arguments, with one changed at a time */
 #define MGEMM(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_)            \
-    w4a16_moe_marlin_gemm(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_, NULL)
+    w4a16_moe_marlin_gemm(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_,    \
+                          NULL, 0, NULL)
 #define OK_M(...) MGEMM(__VA_ARGS__)
 
 static void test_cpu_align_sizes(void **state) {
@@ -173,9 +175,19 @@ static void test_cpu_gemm_checks(void **state) {
            W4A16_ERR_SIZE_OVERFLOW, "W[E,K,N]");
     /* the AWQ-layout GEMM needs its zero points */
     EXPECT(w4a16_moe_awq_gemm(A, W, S, NULL, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
-                              NULL), W4A16_ERR_NULL_POINTER, "qzeros is NULL");
-    EXPECT(w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, 3, NULL),
-           W4A16_ERR_UNSUPPORTED_DTYPE, "dtype=3");
+                              NULL, 0, NULL), W4A16_ERR_NULL_POINTER, "qzeros is NULL");
+    EXPECT(w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, 3, NULL, 0,
+                              NULL), W4A16_ERR_UNSUPPORTED_DTYPE, "dtype=3");
+    /* the split-K workspace: NULL only with 0 bytes, 16-byte aligned (the size is checked against the device's) */
+    EXPECT(w4a16_moe_marlin_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
+                                 NULL, 4096, NULL), W4A16_ERR_NULL_POINTER, "workspace is NULL");
+    EXPECT(w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
+                              bR + 8, 4096, NULL), W4A16_ERR_MISALIGNED, "workspace=");
+    size_t wsz = 1;
+    EXPECT(w4a16_moe_workspace_size(NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
+    w4a16_status ws_s = w4a16_moe_workspace_size(&wsz); /* OK on a GPU machine, a device status without one */
+    if (ws_s == W4A16_OK) assert_true(wsz > 0);
+    else assert_int_equal(wsz, 1);
 }
 
 static void test_cpu_converter_checks(void **state) {
@@ -321,6 +333,35 @@ static void make_ids(int32_t *ids, int T, int top_k, int E, int mode) {
 
 static double tolerance(w4a16_dtype dt) { return dt == W4A16_BF16 ? 1e-2 : 2e-3; }
 
+/* The split-K workspace every GPU test shares (zeroed once, as the header asks), its size, and the bytes of its
+ * counter part (csrc/moe.c's layout: a counter per tile for 8 blocks per SM, rounded up to 256 bytes). */
+static void *g_ws;
+static size_t g_ws_bytes, g_ws_counters;
+/* Whether the calls pass the workspace (1) or NULL (0: never split). */
+static int g_use_ws = 1;
+
+/* Every call leaves the workspace's counters zeroed (the next call, or a graph replay, relies on it). */
+static void assert_counters_zero(const char *label) {
+    GPU_CHECK(cudaDeviceSynchronize());
+    int32_t *h = malloc(g_ws_counters);
+    GPU_CHECK(cudaMemcpy(h, g_ws, g_ws_counters, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < g_ws_counters / 4; i++)
+        if (h[i]) fail_msg("%s: workspace counter %zu is %d after the call, not 0", label, i, h[i]);
+    free(h);
+}
+
+/* Whether anything was written to the workspace's partial sums since they were zeroed (the K split ran). */
+static int partials_written(void) {
+    GPU_CHECK(cudaDeviceSynchronize());
+    const size_t n = g_ws_bytes - g_ws_counters;
+    unsigned char *h = malloc(n);
+    GPU_CHECK(cudaMemcpy(h, (char *)g_ws + g_ws_counters, n, cudaMemcpyDeviceToHost));
+    int any = 0;
+    for (size_t i = 0; i < n && !any; i++) any = h[i] != 0;
+    free(h);
+    return any;
+}
+
 typedef struct routing {
     int32_t *sorted, *eids, *npp;
     int cap, bcap, bs;
@@ -381,9 +422,11 @@ static void check_gemm(const experts *X, const routing *R, const int32_t *ids, i
     GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
     w4a16_status s = X->kind == KIND_AWQ
                          ? w4a16_moe_awq_gemm(A, X->qweight, X->scales, X->qzeros, bias, dtw, C, R->sorted, R->eids,
-                                              R->npp, R->cap, R->bcap, R->bs, M, tk, E, N, K, X->G, dt, NULL)
+                                              R->npp, R->cap, R->bcap, R->bs, M, tk, E, N, K, X->G, dt,
+                                              g_use_ws ? g_ws : NULL, g_use_ws ? g_ws_bytes : 0, NULL)
                          : w4a16_moe_marlin_gemm(A, X->qweight, X->scales, X->qzeros, bias, dtw, C, R->sorted, R->eids,
-                                                 R->npp, R->cap, R->bcap, R->bs, M, tk, E, N, K, X->G, dt, NULL);
+                                                 R->npp, R->cap, R->bcap, R->bs, M, tk, E, N, K, X->G, dt,
+                                                 g_use_ws ? g_ws : NULL, g_use_ws ? g_ws_bytes : 0, NULL);
     if (s != W4A16_OK) fail_msg("%s: %s: %s", label, w4a16_status_string(s), w4a16_last_error_message());
     GPU_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(cudaMemcpy(hC, C, nC * 2, cudaMemcpyDeviceToHost));
@@ -412,6 +455,7 @@ static void check_gemm(const experts *X, const routing *R, const int32_t *ids, i
     if (unwritten) fail_msg("%s: %zu outputs of routed rows not written (still NaN)", full, unwritten);
     if (overwritten) fail_msg("%s: %zu outputs of dropped rows were written", full, overwritten);
     if (!(err < tolerance(dt))) fail_msg("%s: relative error %.3e >= %.0e", full, err, tolerance(dt));
+    if (g_use_ws) assert_counters_zero(full);
     st->cases++;
     if (err >= st->worst) {
         st->worst = err;
@@ -509,6 +553,79 @@ static void test_moe_groups_blocks(void **state) {
     printf("  %d GEMMs, worst relative error %.2e (%s)\n", st.cases, st.worst, st.worst_case);
 }
 
+/* Decode-sized layers whose K is long enough to split across blocks (16-row tile: block sizes 8 and 16), every kind,
+ * dtype and group size, against the reference; each call must have gone through the split (its partial sums reached
+ * the workspace) and left the counters zeroed (checked in check_gemm). Then the same layer without a workspace (never
+ * split) and under the forced sm120 profile; and a workspace one byte short: refused, nothing written. */
+static const moe_case split_cases[] = {
+    {1, 8, 2, 2048, 192, IDS_DISTINCT}, {2, 16, 4, 1344, 128, IDS_DROP}, /* K = 10 x 128 + 64: a K tail */
+    {4, 64, 8, 2048, 128, IDS_DISTINCT}, {16, 64, 4, 1280, 128, IDS_DUP},
+};
+
+static void test_moe_split_k(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    stats st = {0};
+    for (size_t c = 0; c < sizeof split_cases / sizeof split_cases[0]; c++) {
+        const moe_case *m = &split_cases[c];
+        int32_t *ids = malloc((size_t)m->T * m->top_k * 4);
+        make_ids(ids, m->T, m->top_k, m->E, m->mode);
+        int32_t *d_ids = gpu_upload(ids, (size_t)m->T * m->top_k * 4);
+        for (int combo = 0; combo < 6; combo++) {
+            if (quick && combo % 3 != (int)c % 3) continue;
+            const int kind = combo % 3, bs = combo % 2 ? 8 : 16;
+            const w4a16_dtype dt = combo < 3 ? W4A16_FP16 : W4A16_BF16;
+            int G = group_list[(c + combo) % 4];
+            if (G > 0 && m->K % G) G = -1;
+            char label[160];
+            snprintf(label, sizeof label, "split K: T=%d E=%d top_k=%d K=%d N=%d %s %s %s G=%d block=%d", m->T, m->E,
+                     m->top_k, m->K, m->N, ids_name[m->mode], kind_name[kind], dt == W4A16_BF16 ? "bf16" : "fp16", G,
+                     bs);
+            routing R;
+            route(&R, ids, d_ids, m->T, m->top_k, m->E, bs, label);
+            experts X;
+            experts_make(&X, m->E, m->K, m->N, G, dt, kind);
+            for (int second = 0; second < 2; second++) {
+                GPU_CHECK(cudaMemset((char *)g_ws + g_ws_counters, 0, g_ws_bytes - g_ws_counters));
+                check_gemm(&X, &R, ids, m->T, m->top_k, second, (combo + second) % 2, label, &st);
+                if (!partials_written()) fail_msg("%s: the K split did not run (no partial sums)", label);
+            }
+            if (combo == 0) {
+                g_use_ws = 0; /* no workspace: the same layer unsplit */
+                check_gemm(&X, &R, ids, m->T, m->top_k, 1, 0, label, &st);
+                g_use_ws = 1;
+                assert_int_equal(w4a16_force_profile("sm120"), W4A16_OK);
+                check_gemm(&X, &R, ids, m->T, m->top_k, 0, 1, label, &st);
+                assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+                /* a workspace one byte short: the specific status, nothing launched */
+                const size_t nC = (size_t)m->T * m->top_k * m->N * 2;
+                void *A = gpu_alloc((size_t)m->T * m->K * 2), *C = gpu_alloc(nC);
+                GPU_CHECK(cudaMemset(A, 0, (size_t)m->T * m->K * 2));
+                GPU_CHECK(cudaMemset(C, 0xFF, nC));
+                w4a16_status s = w4a16_moe_marlin_gemm(A, X.qweight, X.scales, X.qzeros, NULL, NULL, C, R.sorted,
+                                                       R.eids, R.npp, R.cap, R.bcap, bs, m->T, m->top_k, m->E, m->N,
+                                                       m->K, G, dt, g_ws, g_ws_bytes - 1, NULL);
+                if (s != W4A16_ERR_WORKSPACE_TOO_SMALL ||
+                    !strstr(w4a16_last_error_message(), "w4a16_moe_workspace_size"))
+                    fail_msg("%s: a short workspace returned %d '%s'", label, s, w4a16_last_error_message());
+                GPU_CHECK(cudaDeviceSynchronize());
+                unsigned char *h = malloc(nC);
+                GPU_CHECK(cudaMemcpy(h, C, nC, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < nC; i++)
+                    if (h[i] != 0xFF) fail_msg("%s: a refused call wrote C", label);
+                free(h);
+                cudaFree(A); cudaFree(C);
+            }
+            experts_free(&X);
+            routing_free(&R);
+        }
+        cudaFree(d_ids);
+        free(ids);
+    }
+    printf("  %d GEMMs with K split across blocks, worst relative error %.2e (%s)\n", st.cases, st.worst,
+           st.worst_case);
+}
+
 /* The sm120 profile (RTX 5090 / RTX PRO 6000 / DGX Spark family) forced on this GPU. */
 static void test_moe_forced_sm120(void **state) {
     (void)state;
@@ -516,9 +633,11 @@ static void test_moe_forced_sm120(void **state) {
     w4a16_status s = w4a16_force_profile("sm120");
     if (s != W4A16_OK) fail_msg("forcing sm120: %s", w4a16_last_error_message());
     stats st = {0};
+    g_use_ws = 0; /* this test also covers the calls without a workspace */
     run_case(7, 128, 10, 128, 128, IDS_DUP, 1, &st);
     run_case(64, 64, 2, 128, 256, IDS_ONE, 2, &st);
     if (!quick) run_case(256, 8, 2, 256, 128, IDS_DISTINCT, 3, &st);
+    g_use_ws = 1;
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
     printf("  sm120 profile: %d GEMMs, worst relative error %.2e (%s)\n", st.cases, st.worst, st.worst_case);
 }
@@ -589,7 +708,7 @@ static void test_moe_converters_bit_exact(void **state) {
 static void test_moe_graph_capture(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const int T = 16, E = 64, top_k = 8, K = 256, N = 128, bs = 16;
+    const int T = 16, E = 64, top_k = 8, K = 2048, N = 128, bs = 16; /* 136 tiles of 16 k-steps: K is split */
     experts X;
     experts_make(&X, E, K, N, 128, W4A16_FP16, KIND_MARLIN_AWQ);
     int32_t *ids = malloc((size_t)T * top_k * 4);
@@ -609,7 +728,7 @@ static void test_moe_graph_capture(void **state) {
     do {                                                                                                          \
         W4_CHECK(w4a16_moe_align_block_size(d_ids, T, top_k, E, bs, sorted, cap, eids, bcap, npp, s));            \
         W4_CHECK(w4a16_moe_marlin_gemm(A, X.qweight, X.scales, X.qzeros, NULL, NULL, out, sorted, eids, npp, cap, \
-                                       bcap, bs, T, top_k, E, N, K, 128, W4A16_FP16, s));                         \
+                                       bcap, bs, T, top_k, E, N, K, 128, W4A16_FP16, g_ws, g_ws_bytes, s));       \
     } while (0)
     FORWARD(C);
     GPU_CHECK(cudaStreamSynchronize(s));
@@ -628,6 +747,7 @@ static void test_moe_graph_capture(void **state) {
         GPU_CHECK(cudaStreamSynchronize(s));
         GPU_CHECK(cudaMemcpy(h2, C2, nC * 2, cudaMemcpyDeviceToHost));
         assert_memory_equal(h1, h2, nC * 2);
+        assert_counters_zero("graph replay");
     }
 #undef FORWARD
     printf("  3 graph replays of routing + grouped GEMM: bit-identical to the eager launch\n");
@@ -649,6 +769,13 @@ static int setup(void **state) {
         return 0;
     }
     printf("test_moe: %s; seed %llu\n", info.reason, (unsigned long long)seed);
+    int sms = 0;
+    GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    W4_CHECK(w4a16_moe_workspace_size(&g_ws_bytes));
+    g_ws_counters = ((size_t)sms * 8 * 4 + 255) & ~(size_t)255;
+    assert_true(g_ws_bytes > g_ws_counters);
+    g_ws = gpu_alloc(g_ws_bytes);
+    GPU_CHECK(cudaMemset(g_ws, 0, g_ws_bytes));
     have_gpu = 1;
     return 0;
 }
@@ -666,6 +793,7 @@ int main(void) {
         cmocka_unit_test(test_moe_converters_bit_exact),
         cmocka_unit_test(test_moe_cases),
         cmocka_unit_test(test_moe_groups_blocks),
+        cmocka_unit_test(test_moe_split_k),
         cmocka_unit_test(test_moe_forced_sm120),
         cmocka_unit_test(test_moe_graph_capture),
     };

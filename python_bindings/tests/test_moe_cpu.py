@@ -34,6 +34,13 @@ def test_grouped_gemm_argument_order():
     with pytest.raises(w4a16.W4A16Error) as e:
         raw.grouped_gemm("awq", **dict(ok, zeros=0, K=128))
     assert "qzeros is NULL" in str(e.value)
+    # the workspace pointer and its size arrive in their places (checked before the shapes)
+    with pytest.raises(w4a16.W4A16Error) as e:
+        raw.grouped_gemm("marlin", **dict(ok, workspace=0, workspace_bytes=4096))
+    assert e.value.name == "W4A16_ERR_NULL_POINTER" and "workspace is NULL" in str(e.value)
+    with pytest.raises(w4a16.W4A16Error) as e:
+        raw.grouped_gemm("awq", **dict(ok, workspace=264, workspace_bytes=4096))
+    assert e.value.name == "W4A16_ERR_MISALIGNED" and "workspace=" in str(e.value)
 
 
 def test_routing_and_converters_reject():

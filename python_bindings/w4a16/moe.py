@@ -3,7 +3,9 @@ vLLM's `moe_wna16_marlin_gemm` argument lists, the stacked-expert repack ops, an
 (GEMM -> SiLU-and-mul -> GEMM -> weighted sum over top-k) usable without vLLM.
 
 All ops are torch custom ops with fake implementations (torch.compile traces them, CUDA graphs capture them), run on
-the current CUDA stream, allocate their outputs with torch and nothing else.
+the current CUDA stream, allocate their outputs with torch and nothing else, except that the grouped GEMMs use one
+zero-initialised split-K workspace per device (a few MB, allocated on first use: call `prepare()` before capturing a
+CUDA graph). Ops that share a device's workspace must not run concurrently on different streams.
 
 Weights are stacked per expert: Marlin layout weight [E, K/16, 2N], scales [E, K/G, N] (Marlin-permuted), zero points
 [E, K/G, N/8] (AWQ) or None (symmetric GPTQ); or the AWQ checkpoint layout qweight [E, K, N/8], scales [E, K/G, N],
@@ -19,6 +21,7 @@ from . import _moe_lib as raw
 from ._moe_lib import align_sizes  # noqa: F401 (re-exported)
 
 _DT = {torch.float16: _lib.FP16, torch.bfloat16: _lib.BF16}
+_workspaces = {}
 
 
 def _check(cond, msg):
@@ -44,6 +47,21 @@ def _stream(t):
 
 def _group(size_k, scale_rows):
     return -1 if scale_rows == 1 else size_k // scale_rows
+
+
+def prepare(device=None):
+    """Allocate (once) and return the zeroed MoE workspace of `device` (default: current CUDA device)."""
+    idx = torch.device(device if device is not None else "cuda").index
+    idx = torch.cuda.current_device() if idx is None else idx
+    ws = _workspaces.get(idx)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():  # it would live in the graph's pool, zeroed by every replay
+            raise RuntimeError("w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
+                               "run the layer once) before capturing a CUDA graph" % idx)
+        with torch.cuda.device(idx):
+            ws = torch.zeros(raw.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
+        _workspaces[idx] = ws
+    return ws
 
 
 def choose_block_size(num_tokens, top_k, num_experts):
@@ -121,10 +139,11 @@ def _grouped(layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, 
         _cuda_contig("c", c, a.dtype)
         _check(tuple(c.shape) == (size_m * top_k, size_n), "c must be [size_m * top_k, size_n]")
     with torch.cuda.device(a.device):
+        ws = prepare(a.device)
         raw.grouped_gemm(layout, a.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(zeros), _ptr(bias), _ptr(tw),
                          c.data_ptr(), sorted_ids.data_ptr(), expert_ids.data_ptr(), npp.data_ptr(), sorted_ids.numel(),
                          expert_ids.numel(), block_size, size_m, top_k, E, size_n, size_k, _group(size_k, groups),
-                         _DT[a.dtype], _stream(a))
+                         _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a))
     return c
 
 
