@@ -24,43 +24,20 @@
 // Preconditions (checked on the host before launch): N % 64 == 0, K % 32 == 0, K % G == 0, G >= 32,
 // 16-byte aligned A, C, weights, scales, zeros; 4-byte aligned bias; splits <= number of k-tiles.
 #pragma once
+#include "launch.h"
 #include "tiles.cuh"
 
 namespace w4a16 {
 
-struct GemmArgs {
-    const void *A;       // [M, K]
-    const uint32_t *B;   // AWQ [K, N/8] or Marlin [K/16, 2N]
-    const void *scales;  // [K/G, N] (Marlin: permuted)
-    const uint32_t *zeros; // [K/G, N/8] or nullptr (symmetric, zero point 8)
-    const void *bias;    // [N] or nullptr
-    void *C;             // [M, N]
-    int M, N, K;
-    int gshift;          // group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two
-    int stages;
-    int *counters;       // workspace: per-tile arrival counters (zero between calls)
-    float4 *partials;    // workspace: split partial sums
-    int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
-    int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
-    int pdl;                // programmatic dependent launch (W4A16_FLAG_PDL): weights are read before pdl_wait
-};
+// The kernels' argument: one struct, filled by the host (kernels/launch.h) and passed by value.
+using GemmArgs = w4a16_gemm_args;
 
-// Host: launches a GEMM kernel, with programmatic stream serialization when a.pdl (W4A16_FLAG_PDL, sm_90+).
-template <typename Kernel>
-cudaError_t launch_gemm_grid(Kernel kern, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-                             const GemmArgs &a) {
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = dim3(threads);
-    c.dynamicSmemBytes = smem_bytes;
-    c.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = at;
-    c.numAttrs = a.pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&c, kern, a);
-}
+// One compiled GEMM kernel: its entry point, threads per block and (wgmma configs) its own dynamic shared memory.
+struct GemmKernelRef {
+    void (*fn)(GemmArgs) = nullptr;
+    int threads = 0;
+    int smem_bytes = 0;
+};
 
 // ---- pieces both GEMM kernels (this one and gemm_sm90.cuh) share
 
@@ -223,7 +200,7 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
     if (!last_arrival(p.counters, tile, splits, tid, sync)) return false;
     if constexpr (NSLOT <= 8) {
         // U splits' partials of every slot are loaded before any is added, so that U x NSLOT (16) loads are in flight
-        // instead of one chain per slot paying the L2 latency once per split (v18). The sums build up in the slots
+        // instead of one chain per slot paying the L2 latency once per split. The sums build up in the slots
         // themselves (no second set of registers) and in split order (deterministic).
         constexpr int U = 16 / NSLOT > 4 ? 4 : 16 / NSLOT;
 #pragma unroll
@@ -367,7 +344,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         }
     }
     cp_async_wait_all();
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
 
     // ---- K-split warps: add partial sums through shared memory
     const int warp_mn = warp % WMN;
@@ -444,17 +421,6 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             }
         }
     }
-}
-
-// Host-side launch of one instance; returns the CUDA error of the launch (no synchronisation).
-template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
-cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
-    constexpr int BM = 16 * MT * WM, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
-    dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);
-    return launch_gemm_grid(kern, grid, 32 * WM * NH * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
         }
     }
     cp_async_wait_all();
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
 
     // ---- K-split warps: add partial sums through shared memory
     constexpr int F4 = 4 * TB; // float4 per lane
@@ -257,15 +257,6 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
                 }
             }
         }
-}
-
-template <typename T, int LAYOUT, int WN, int WK, int KS, int MINB, int TB>
-cudaError_t launch_gemm_decode(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
-    auto kern = gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, TB>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
-    dim3 grid((a.M + 15) / 16, (a.N + 64 * WN - 1) / (64 * WN), splits);
-    return launch_gemm_grid(kern, grid, 32 * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -117,20 +117,18 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
     static constexpr int CHUNKS = ROWS * CPR, PER = (CHUNKS + THREADS - 1) / THREADS;
     static_assert(SLOTS * (BN / 8) <= THREADS, "one thread per scale chunk");
 
-    // ---- producer: a per-thread copy plan fixed for the whole K loop. When every thread copies the same number of
-    // chunks, all in one 16-byte column and RSTEP smem rows apart (every tile this library compiles), the plan is one
-    // source pointer, one shared-memory offset and one flag for the column: a stage inside K costs an address add per
-    // chunk and no bounds check. The general plan keeps a pointer, k and offset per chunk.
+    // ---- producer: a per-thread copy plan fixed for the whole K loop. Every thread copies the same number of chunks,
+    // all in one 16-byte column and RSTEP smem rows apart, so the plan is one source pointer, one shared-memory offset
+    // and one flag for the column: a stage inside K costs an address add per chunk and no bounds check.
     static constexpr int KROW = LAYOUT == W4A16_LAYOUT_AWQ ? 1 : 16; // k rows per smem row
     static constexpr int ROW_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? SB_AWQ * 4 : 2 * BN * 4;
-    static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CPR == 0;
-    static constexpr int RSTEP = UNIFORM ? THREADS / CPR : 1;
-    static constexpr int NP = UNIFORM ? 1 : PER;
-    const uint32_t *src[NP];
-    int k[NP]; // uniform: k of the thread's first chunk (< 0: its column lies past N); else per chunk, < 0 when unused
-    uint32_t dst[NP];
+    static_assert(CHUNKS % THREADS == 0 && THREADS % CPR == 0, "each thread copies whole chunks of one column");
+    static constexpr int RSTEP = THREADS / CPR;
+    const uint32_t *src;
+    int k; // k of the thread's first chunk; < 0: its column lies past N
+    uint32_t dst;
     size_t stride;  // words between stages
-    size_t cstride; // uniform: words between a thread's chunks
+    size_t cstride; // words between a thread's chunks
 
     // Scale / zero-point rows: thread tid < slots_used * BN / 8 copies one 16-byte chunk of scales (slot s_sl), and
     // tid < slots_used * BN / 32 one of zero points (slot z_sl); src points at the chunk's column in group 0, and is
@@ -157,45 +155,38 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         const size_t rowstride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)(N / 8) : (size_t)(2 * N);
         stride = (size_t)(BK / KROW) * rowstride;
         cstride = (size_t)RSTEP * rowstride;
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            int c = tid + i * THREADS, row = c / CPR, ch = c % CPR;
-            bool on = c < CHUNKS;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                on = on && n0 + ch * 32 < N;
-                src[i] = B + (on ? (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
-                dst[i] = (row * SB_AWQ + ch * 4) * 4;
-            } else {
-                on = on && 2 * n0 + ch * 4 < 2 * N;
-                src[i] = B + (on ? (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
-                dst[i] = (row * (2 * BN) + ch * 4) * 4;
-            }
-            k[i] = on ? k_begin + row * KROW : -1;
+        const int row = tid / CPR, ch = tid % CPR;
+        bool on = tid < CHUNKS;
+        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            on = on && n0 + ch * 32 < N;
+            src = B + (on ? (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
+            dst = (row * SB_AWQ + ch * 4) * 4;
+        } else {
+            on = on && 2 * n0 + ch * 4 < 2 * N;
+            src = B + (on ? (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
+            dst = (row * (2 * BN) + ch * 4) * 4;
         }
+        k = on ? k_begin + row * KROW : -1;
     }
     // Copies the stage starting at k0 (a multiple of BK) into `st`: weights, then the scale / zero-point rows of
     // the groups it touches (clamped to the last group).
     __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, int N, int K, int k0, int gshift,
                                           int g_last) {
-        if constexpr (UNIFORM) {
-            if (k[0] >= 0) { // the thread's column lies inside N
-                unsigned char *d = st + dst[0];
-                const uint32_t *s = src[0];
-                if (k0 + BK <= K) { // the whole stage lies inside K
+        if (k >= 0) { // the thread's column lies inside N
+            unsigned char *d = st + dst;
+            const uint32_t *s = src;
+            if (k0 + BK <= K) { // the whole stage lies inside K
 #pragma unroll
-                    for (int i = 0; i < PER; i++) cp_async16_weights(d + i * RSTEP * ROW_BYTES, s + i * cstride);
-                } else { // K tail: rows past K are zero-filled
+                for (int i = 0; i < PER; i++) cp_async16_weights(d + i * RSTEP * ROW_BYTES, s + i * cstride);
+            } else { // K tail: rows past K are zero-filled
 #pragma unroll
-                    for (int i = 0; i < PER; i++) {
-                        const bool ok = k[0] + i * RSTEP * KROW < K;
-                        cp_async16(d + i * RSTEP * ROW_BYTES, ok ? s + i * cstride : B, ok);
-                    }
+                for (int i = 0; i < PER; i++) {
+                    const bool ok = k + i * RSTEP * KROW < K;
+                    cp_async16(d + i * RSTEP * ROW_BYTES, ok ? s + i * cstride : B, ok);
                 }
-                src[0] += stride;
-                k[0] += BK;
             }
-        } else {
-            issue_plan<BK>(st, src, k, dst, stride, K, B);
+            src += stride;
+            k += BK;
         }
         const int g0 = k0 >> gshift;
         if (s_src) cp_async16(st + s_dst, s_src + (size_t)min(g0 + s_sl, g_last) * N, true);

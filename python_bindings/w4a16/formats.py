@@ -1,4 +1,4 @@
-"""The AWQ, GPTQ and Marlin tensor formats in numpy (../shared/spec/formats.md), for tests, for quantising a
+"""The AWQ, GPTQ and Marlin tensor formats in numpy, for tests, for quantising a
 float matrix the AutoAWQ way, and for engines that repack on the CPU. The GPU converters of libw4a16 produce the
 same bits (tests/test_gpu.c checks the C twins; python_bindings/tests check these against hand-computed words)."""
 import numpy as np
