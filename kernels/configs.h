@@ -82,7 +82,7 @@ static inline int w4a16_wgmma_minb(int id) {
     return 0;
 }
 
-/* Weight layouts the GEMM kernel reads. */
+/* Weight formats the GEMM kernels read (their storage: kernels/formats.cuh). */
 enum { W4A16_LAYOUT_AWQ = 0, W4A16_LAYOUT_MARLIN = 1 };
 
 typedef struct w4a16_gemm_config {
@@ -106,13 +106,19 @@ static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; 
 static inline int w4a16_cfg_bk(const w4a16_gemm_config *c) { return 16 * c->wk * c->ks; }
 static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c->wm * c->nh * c->wn * c->wk; }
 
+/* Bytes of a stage's packed weights in a weight format (kernels/formats.cuh, WeightTile::B_BYTES): bk / KROW stored
+ * rows of row_words(bn) + PAD_WORDS words (AWQ: rows of k, padded by 4 words so the 4 row loads of a fragment hit
+ * distinct banks; Marlin: rows of 16 k). */
+static inline int w4a16_format_stage_bytes(int layout, int bk, int bn) {
+    return layout == W4A16_LAYOUT_AWQ ? bk * (bn / 8 + 4) * 4 : (bk / 16) * (2 * bn) * 4;
+}
+
 /* Bytes of one pipeline stage: A tile, weight tile, and the scale / zero-point rows of the groups a stage can
  * touch (BK / 32: group sizes are at least 32). */
 static inline int w4a16_cfg_stage_bytes(const w4a16_gemm_config *c, int layout) {
     int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c), slots = bk / 32;
     int a = bm * bk * 2;
-    /* AWQ rows are padded by 4 words so the 4 row-loads of a fragment hit distinct banks. */
-    int b = layout == W4A16_LAYOUT_AWQ ? bk * (bn / 8 + 4) * 4 : (bk / 16) * (2 * bn) * 4;
+    int b = w4a16_format_stage_bytes(layout, bk, bn);
     int s = slots * bn * 2;
     int z = slots * (bn / 8) * 4;
     return a + b + s + z;

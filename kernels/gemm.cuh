@@ -1,4 +1,4 @@
-// w4a16 int4 dequant-GEMM: one kernel template for both weight layouts (the 16-token tiles have their own decode
+// w4a16 int4 dequant-GEMM: one kernel template for every weight format (the 16-token tiles have their own decode
 // kernel, gemm_decode.cuh, which shares this file's split-K pieces and tiles.cuh).
 //
 //   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
@@ -10,13 +10,8 @@
 // one __syncthreads per stage. Each warp computes (16*MT) x 64 with mma.sync m16n8k16: A fragments by
 // ldmatrix.x4 from an XOR-swizzled tile, B fragments dequantised in registers with the magic-number trick.
 //
-// Weight layouts (the only layout-specific code is the B-fragment loader and the column map):
-//  * AWQ  (qweight [K, N/8], nibble i of word c = column 8c + ORDER[i]). Thread (q = lane%4, r = lane/4)
-//    owns, inside its warp's 64 columns, word r: the 8 columns 8r..8r+7. Its n8 block j is nibble j, so
-//    the 4 words of rows 2q, 2q+1, 2q+8, 2q+9 give the B fragments of all 8 blocks (4 LDS.32 per k16),
-//    and C slot n of block j is column 8n + ORDER[j]: each thread ends up holding 16 adjacent columns.
-//  * Marlin ([K/16, 2N], public IST-DASLab layout): lane i's 16-byte vector holds the fragments of the
-//    4 16x16 tiles of its 64 columns; n8 block m is column 8m + slot (plain).
+// Weight formats: everything format-specific (where a thread's weights, scales and zero points lie, how they are
+// dequantised, which column a C slot is) comes from WeightFormat<LAYOUT> (formats.cuh).
 //
 // Split-K across blocks (gridDim.z > 1) writes fp32 partials to the workspace; the last block of a tile to
 // arrive (per-tile counter) adds them in split order (deterministic), writes C and resets the counter.
@@ -378,36 +373,37 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             const int row = row_base + mt * 16 + r + 8 * h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ && NH == 1) {
-                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
+            if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
+                // the blocks of slots 2q, 2q+1 (8 adjacent columns each) are 16 adjacent columns
                 __align__(16) T out[16];
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int c = 16 * q + 8 * e + awq_order(j);
+                        int c = WeightFormat<LAYOUT>::column(j, 2 * q + e);
                         float v = acc[mt][j][2 * h + e];
                         if (bias) v += D::to_float(bias[col_base + c]);
-                        out[8 * e + awq_order(j)] = D::from_float(v);
+                        out[c - 16 * q] = D::from_float(v);
                     }
                 }
                 reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
                 reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
-            } else if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            } else if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT) {
                 // half of the blocks: every other column of 16q .. 16q + 15
 #pragma unroll
                 for (int j = 0; j < NB; j++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int c = 16 * q + 8 * e + awq_order(j0 + j);
+                        int c = WeightFormat<LAYOUT>::column(j0 + j, 2 * q + e);
                         float v = acc[mt][j][2 * h + e];
                         if (bias) v += D::to_float(bias[col_base + c]);
                         crow[c] = D::from_float(v);
                     }
             } else {
+                static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT, "the C store needs one of the two adjacencies");
 #pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    int c = 8 * (j0 + j) + 2 * q;
+                for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1 of a block are adjacent columns: one paired store
+                    int c = WeightFormat<LAYOUT>::column(j0 + j, 2 * q);
                     float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
                     if (bias) {
                         v0 += D::to_float(bias[col_base + c]);

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     for (int ii = 0; ii < II; ii++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int ch = 64 * wn + weight_column<LAYOUT>(j0 + 2 * ii + h, r);
+            const int ch = 64 * wn + WeightFormat<LAYOUT>::column(j0 + 2 * ii + h, r);
             const float bv = bias && n0 + ch < N ? D::to_float(bias[n0 + ch]) : 0.f;
 #pragma unroll
             for (int c = 0; c < TM / 8; c++)
