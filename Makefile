@@ -47,7 +47,7 @@ LIB_C    := csrc/status.c csrc/validate.c csrc/profiles.c csrc/device.c csrc/pla
 # CPU reference implementations, for the tests, the benchmark and w4a16-doctor (not part of libw4a16)
 REF_C    := tests/ref/reference.c tests/ref/marlin_ref.c
 # The (dtype, layout) pairs of the GEMM instances, one object each: the list in kernels/instances.h.
-PAIRS    := $(shell sed -n 's/^ *X(\([0-9]*\), *\([0-9]*\)).*/\1_\2/p' kernels/instances.h)
+PAIRS    := $(shell grep -o 'X([0-9]*, *[0-9]*)' kernels/instances.h | sed 's/X(\([0-9]*\), *\([0-9]*\))/\1_\2/')
 # The Hopper wgmma GEMM exists only as sm_90a machine code; it is built when ARCHS includes 90.
 WGMMA    := $(if $(filter 90,$(ARCHS)),1,)
 WGMMA_DEF := $(if $(WGMMA),-DW4A16_HAVE_WGMMA=1,)
