@@ -21,8 +21,8 @@ template <> struct WeightFormat<W4A16_LAYOUT_AWQ> {
     static constexpr int PAD_WORDS = 4; // per shared-memory row: a fragment's 4 row loads hit distinct banks
     static constexpr bool CHANNELWISE_PERM = false; // scales of G = K are stored like grouped ones
     static constexpr bool HIGH_K_IN_HIGH_NIBBLES = false; // (Marlin) k rows 8-15 of a register are high nibbles
+    static constexpr bool SLOT_BLOCKS_ADJACENT = true;    // the 8 blocks of a slot are 8 adjacent columns (C stores)
     static constexpr bool SLOT_PAIRS_ADJACENT = false;    // slots 2q, 2q + 1 of a block are adjacent columns
-    static constexpr bool SLOT_BLOCKS_ADJACENT = true;    // the 8 blocks of a slot are 8 adjacent columns
     // 32-bit words of one stored row of n columns
     __host__ __device__ static constexpr int row_words(int n) { return n / 8; }
     __device__ static __forceinline__ int column(int j, int slot) { return 8 * slot + awq_order(j); }
@@ -31,10 +31,25 @@ template <> struct WeightFormat<W4A16_LAYOUT_AWQ> {
     __device__ static __forceinline__ int zero_nibble(int m) { return m; }
     // scales of G = K are stored like grouped ones (CHANNELWISE_PERM false: this map is not used)
     __device__ static __forceinline__ int channelwise_scale_pos(int m, int r) { return 8 * r + awq_order(m); }
-    // 16-byte chunk ch of stored row `row` of a tile at (k_begin, n0): inside the matrix's N, its word offset
-    __device__ static __forceinline__ bool chunk_inside(int n0, int ch, int N) { return n0 + ch * 32 < N; }
-    __device__ static __forceinline__ size_t chunk_offset(int k_begin, int row, int n0, int ch, int N) {
-        return (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8;
+    // never called (CHANNELWISE_PERM is false): G = K scales are read as grouped ones
+    template <typename T> __device__ static __forceinline__ void channelwise_scales(const T *, int, uint32_t *) {}
+    // A tile's copy plan (tiles.cuh WeightTile): words between stages and between a thread's chunks (RSTEP stored
+    // rows), and thread tid's first 16-byte chunk: row tid / CPR, chunk ch = tid % CPR of the tile at (k_begin, n0)
+    // (8 columns a word: 32 columns a chunk), its source, its shared-memory offset (rows of SROW words), its first k
+    // (-1: past N).
+    template <int BK, int RSTEP, int CPR, int CHUNKS, int SROW>
+    __device__ static __forceinline__ void plan_copy(const uint32_t *B, int N, int n0, int k_begin, int tid,
+                                                     size_t &stride, size_t &cstride, const uint32_t *&src,
+                                                     uint32_t &dst, int &k) {
+        const size_t rowstride = (size_t)(N / 8);
+        stride = (size_t)(BK / KROW) * rowstride;
+        cstride = (size_t)RSTEP * rowstride;
+        const int row = tid / CPR, ch = tid % CPR;
+        bool on = tid < CHUNKS;
+        on = on && n0 + ch * 32 < N;
+        src = B + (on ? (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
+        dst = (row * SROW + ch * 4) * 4;
+        k = on ? k_begin + row * KROW : -1;
     }
 
     // Raw words of k16 step kk (of a stage at sB, rows of SROW words) for warp (wn, wh): rows 2q, 2q+1, 2q+8, 2q+9 of
@@ -108,8 +123,8 @@ template <> struct WeightFormat<W4A16_LAYOUT_MARLIN> {
     static constexpr int PAD_WORDS = 0;
     static constexpr bool CHANNELWISE_PERM = true;
     static constexpr bool HIGH_K_IN_HIGH_NIBBLES = true;
-    static constexpr bool SLOT_PAIRS_ADJACENT = true;
     static constexpr bool SLOT_BLOCKS_ADJACENT = false;
+    static constexpr bool SLOT_PAIRS_ADJACENT = true;
     __host__ __device__ static constexpr int row_words(int n) { return 2 * n; }
     __device__ static __forceinline__ int column(int j, int slot) { return 8 * j + slot; }
     // grouped: position 8r + m holds column r + 8m
@@ -119,9 +134,27 @@ template <> struct WeightFormat<W4A16_LAYOUT_MARLIN> {
     __device__ static __forceinline__ int channelwise_scale_pos(int m, int r) {
         return 32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2);
     }
-    __device__ static __forceinline__ bool chunk_inside(int n0, int ch, int N) { return 2 * n0 + ch * 4 < 2 * N; }
-    __device__ static __forceinline__ size_t chunk_offset(int k_begin, int row, int n0, int ch, int N) {
-        return (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4;
+    // The scales of the 8 blocks of slot r (both half-words) when G = K, from a stage's scale row sS of the thread's
+    // 64 columns: channelwise_scale_pos written out (the call form compiles to other code).
+    template <typename T> __device__ static __forceinline__ void channelwise_scales(const T *sS, int r, uint32_t s[8]) {
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+#pragma unroll
+        for (int m = 0; m < 8; m++) s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
+    }
+    // A tile's copy plan, as AWQ's: a stored row is 16 k, 2 words a column, so a 16-byte chunk holds 2 columns.
+    template <int BK, int RSTEP, int CPR, int CHUNKS, int SROW>
+    __device__ static __forceinline__ void plan_copy(const uint32_t *B, int N, int n0, int k_begin, int tid,
+                                                     size_t &stride, size_t &cstride, const uint32_t *&src,
+                                                     uint32_t &dst, int &k) {
+        const size_t rowstride = (size_t)(2 * N);
+        stride = (size_t)(BK / KROW) * rowstride;
+        cstride = (size_t)RSTEP * rowstride;
+        const int row = tid / CPR, ch = tid % CPR;
+        bool on = tid < CHUNKS;
+        on = on && 2 * n0 + ch * 4 < 2 * N;
+        src = B + (on ? (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
+        dst = (row * SROW + ch * 4) * 4;
+        k = on ? k_begin + row * KROW : -1;
     }
 
     // The lane's 16 bytes (NH = 1), or this warp's half (tiles 2wh, 2wh + 1) or quarter (tile wh) of them.

@@ -373,17 +373,19 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             const int row = row_base + mt * 16 + r + 8 * h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
+            // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot are 8
+            // adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2 (Marlin).
             if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
-                // the blocks of slots 2q, 2q+1 (8 adjacent columns each) are 16 adjacent columns
+                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
                 __align__(16) T out[16];
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int c = WeightFormat<LAYOUT>::column(j, 2 * q + e);
+                        int c = 16 * q + 8 * e + awq_order(j);
                         float v = acc[mt][j][2 * h + e];
                         if (bias) v += D::to_float(bias[col_base + c]);
-                        out[c - 16 * q] = D::from_float(v);
+                        out[8 * e + awq_order(j)] = D::from_float(v);
                     }
                 }
                 reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
@@ -394,16 +396,16 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                 for (int j = 0; j < NB; j++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int c = WeightFormat<LAYOUT>::column(j0 + j, 2 * q + e);
+                        int c = 16 * q + 8 * e + awq_order(j0 + j);
                         float v = acc[mt][j][2 * h + e];
                         if (bias) v += D::to_float(bias[col_base + c]);
                         crow[c] = D::from_float(v);
                     }
             } else {
-                static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT, "the C store needs one of the two adjacencies");
+                static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT, "the C store needs one of the two patterns");
 #pragma unroll
-                for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1 of a block are adjacent columns: one paired store
-                    int c = WeightFormat<LAYOUT>::column(j0 + j, 2 * q);
+                for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1: one paired store
+                    int c = 8 * (j0 + j) + 2 * q;
                     float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
                     if (bias) {
                         v0 += D::to_float(bias[col_base + c]);

@@ -144,14 +144,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
             z_src = Z && tid < slots_used * (BN / 32) && col < N ? Z + col / 8 : nullptr;
             z_dst = B_BYTES + S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
         }
-        const size_t rowstride = (size_t)F::row_words(N);
-        stride = (size_t)(BK / KROW) * rowstride;
-        cstride = (size_t)RSTEP * rowstride;
-        const int row = tid / CPR, ch = tid % CPR;
-        const bool on = tid < CHUNKS && F::chunk_inside(n0, ch, N);
-        src = B + (on ? F::chunk_offset(k_begin, row, n0, ch, N) : 0);
-        dst = (row * SROW + ch * 4) * 4;
-        k = on ? k_begin + row * KROW : -1;
+        F::template plan_copy<BK, RSTEP, CPR, CHUNKS, SROW>(B, N, n0, k_begin, tid, stride, cstride, src, dst, k);
     }
     // Copies the stage starting at k0 (a multiple of BK) into `st`: weights, then the scale / zero-point rows of
     // the groups it touches (clamped to the last group).
@@ -189,12 +182,9 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         const T *sS = reinterpret_cast<const T *>(st + B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
         uint32_t s[8]; // scale of block m in both half-words
-        if (F::CHANNELWISE_PERM && marlin_channelwise) { // scales of G = K in their own permutation
-            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
-#pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = prmt(s16[F::channelwise_scale_pos(m, r)], 0u, 0x1010u);
+        if (F::CHANNELWISE_PERM && marlin_channelwise) {
+            F::template channelwise_scales<T>(sS, r, s);
         } else {
-            // the thread's 8 adjacent scale positions 8r .. 8r + 7; block m's is F::scale_index(m)
             uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
             const uint32_t w[4] = {v.x, v.y, v.z, v.w}; // no local-memory copy of v: constant indices only
 #pragma unroll
