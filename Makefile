@@ -82,16 +82,19 @@ NVFLAGS  ?= -O3 -lineinfo
 NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Xcudafe --diag_suppress=177 $(NVCC_HOST) \
             $(FATBIN_COMPRESS)
 
-LIB_C    := csrc/status.c csrc/validate.c csrc/device.c csrc/api.c csrc/act_order.c csrc/moe.c
-REF_C    := csrc/reference.c csrc/marlin_ref.c csrc/moe_ref.c
+LIB_C    := csrc/status.c csrc/validate.c csrc/profiles.c csrc/device.c csrc/plan.c csrc/api.c csrc/act_order.c csrc/moe.c
+# CPU reference implementations, for the tests, the benchmark and w4a16-doctor (not part of libw4a16)
+REF_C    := tests/ref/reference.c tests/ref/marlin_ref.c tests/ref/moe_ref.c
+# The (dtype, layout) pairs of the GEMM instances, one object each: the list in kernels/instances.h.
+PAIRS    := $(shell grep -o 'X([0-9]*, *[0-9]*)' kernels/instances.h | sed 's/X(\([0-9]*\), *\([0-9]*\))/\1_\2/')
 # The Hopper wgmma GEMM exists only as sm_90a machine code; it is built when ARCHS includes 90.
 WGMMA    := $(if $(filter 90,$(ARCHS)),1,)
 WGMMA_DEF := $(if $(WGMMA),-DW4A16_HAVE_WGMMA=1,)
-WGMMA_OBJ := $(if $(WGMMA),$(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_sm90_$(d)_$(l).o)),)
-LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o $(BUILD)/kernels/moe.o \
-            $(foreach d,0 1,$(foreach l,0 1,$(BUILD)/kernels/gemm_$(d)_$(l).o)) $(WGMMA_OBJ)
+WGMMA_OBJ := $(if $(WGMMA),$(PAIRS:%=$(BUILD)/kernels/gemm_sm90_%.o),)
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o $(BUILD)/kernels/dispatch.o $(BUILD)/kernels/moe.o \
+            $(PAIRS:%=$(BUILD)/kernels/gemm_%.o) $(WGMMA_OBJ)
 REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
-KERNEL_H := kernels/common.cuh kernels/gemm.cuh kernels/configs.h kernels/launch.h kernels/marlin_index.h kernels/tiles.cuh kernels/gemm_sm90.cuh kernels/wgmma.cuh kernels/gemm_sm90_dense.cuh kernels/gemm_decode.cuh kernels/instance.h
+KERNEL_H := $(wildcard kernels/*.h kernels/*.cuh)
 
 # rpath $ORIGIN: tests and the benchmark find libw4a16 and the cmocka / benchmark copies next to them,
 # so the build folder can travel to a GPU machine that lacks those packages.
@@ -101,21 +104,24 @@ CUDART_STATIC := $(CUDA_LIB) -lcudart_static -ldl -lpthread -lrt
 GPU_LIBS := $(CUDA_LIB) -lcublas $(CUDART_STATIC) $(RPATH),-rpath,$(CUDA_LIBDIR)
 
 .PHONY: all lib tests test test-arch-mismatch sanitize fuzz bench bench-build install uninstall clean sass check-fat \
-        ptxas-report wheel test-wheel test-install test-engines
+        ptxas-report wheel test-wheel test-install test-engines format-check
 all: lib $(BUILD)/w4a16-doctor
 lib: $(BUILD)/libw4a16.so $(BUILD)/libw4a16.a $(BUILD)/libw4a16_ref.a $(BUILD)/w4a16.pc
 
-$(BUILD)/csrc/%.o: csrc/%.c include/w4a16.h csrc/internal.h csrc/reference.h $(KERNEL_H)
+$(BUILD)/csrc/%.o: csrc/%.c include/w4a16.h csrc/internal.h $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' -c $< -o $@
 
-# mixture of experts: routing and the grouped GEMM (kernels/moe.cu), their host side (csrc/moe.c)
-$(BUILD)/kernels/moe.o: kernels/moe.cu kernels/moe_launch.h kernels/common.cuh kernels/configs.h
+$(BUILD)/tests/ref/%.o: tests/ref/%.c tests/ref/reference.h tests/ref/moe_ref.h include/w4a16.h $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# mixture of experts: routing and the grouped GEMM (kernels/moe.cu); its host side is csrc/moe.c
+$(BUILD)/kernels/moe.o: kernels/moe.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
-$(BUILD)/csrc/moe.o $(BUILD)/csrc/moe_ref.o: kernels/moe_launch.h csrc/moe_ref.h
 
-$(BUILD)/kernels/convert.o: kernels/convert.cu $(KERNEL_H)
+$(BUILD)/kernels/convert.o $(BUILD)/kernels/dispatch.o: $(BUILD)/kernels/%.o: kernels/%.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(WGMMA_DEF) -c $< -o $@
 
@@ -125,7 +131,7 @@ $(BUILD)/kernels/gemm_sm90_%.o: kernels/gemm_sm90.cu $(KERNEL_H)
 	$(NVCC) $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a \
 	    -DW4A16_INST_DTYPE=$(word 1,$(subst _, ,$*)) -DW4A16_INST_LAYOUT=$(word 2,$(subst _, ,$*)) -c $< -o $@
 
-# one GEMM source, compiled once per (dtype, layout) so make -j builds the four in parallel
+# one GEMM source, compiled once per (dtype, layout) pair
 $(BUILD)/kernels/gemm_%.o: kernels/gemm_instance.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -DW4A16_INST_DTYPE=$(word 1,$(subst _, ,$*)) -DW4A16_INST_LAYOUT=$(word 2,$(subst _, ,$*)) -c $< -o $@
@@ -154,8 +160,8 @@ $(BUILD)/w4a16-doctor: tools/doctor.c $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref
 
 # ---- tests
 CMOCKA_SO := $(firstword $(wildcard /usr/lib/*/libcmocka.so.0 /usr/lib/libcmocka.so.0 /usr/lib64/libcmocka.so.0))
-TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu $(BUILD)/test_threads \
-             $(BUILD)/test_moe
+TEST_BINS := $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_plan $(BUILD)/test_gpu \
+             $(BUILD)/test_threads $(BUILD)/test_moe
 tests: $(TEST_BINS) $(BUILD)/libcmocka.so.0 $(BUILD)/w4a16-doctor
 
 $(BUILD)/libcmocka.so.0:
@@ -173,10 +179,15 @@ $(BUILD)/test_profiles: tests/test_profiles.c tests/fuzz_stubs.c $(LIB_C) includ
 	$(CC) $(CFLAGS) -Iinclude tests/test_profiles.c tests/fuzz_stubs.c $(LIB_C) -o $@ \
 	    -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' $(CUDART_STATIC) -lcmocka -lm $(RPATH)
 
+# the launch plans, compiled like test_profiles; tests/plan_recorded.txt is read from the repository root
+$(BUILD)/test_plan: tests/test_plan.c tests/plan_grid.h tests/cases.h tests/fuzz_stubs.c $(LIB_C) include/w4a16.h csrc/internal.h $(KERNEL_H)
+	$(CC) $(CFLAGS) -Iinclude tests/test_plan.c tests/fuzz_stubs.c $(LIB_C) -o $@ \
+	    -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' $(CUDART_STATIC) -lcmocka -lm $(RPATH)
+
 $(BUILD)/test_gpu: tests/test_gpu.c tests/gpu_util.h tests/cases.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
 
-$(BUILD)/test_moe: tests/test_moe.c tests/gpu_util.h csrc/moe_ref.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
+$(BUILD)/test_moe: tests/test_moe.c tests/gpu_util.h tests/ref/moe_ref.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
 	$(CC) $(CFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a $(TEST_LIBS) $(GPU_LIBS)
 
 $(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a
@@ -184,8 +195,8 @@ $(BUILD)/test_threads: tests/test_threads.c tests/gpu_util.h $(BUILD)/libw4a16.s
 
 # The README's test command. GPU suites skip, saying why, when no GPU is present; a summary across suites ends it.
 test: lib tests
-	tests/run-suites $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_gpu \
-	    $(BUILD)/test_threads $(BUILD)/test_moe \
+	tests/run-suites $(BUILD)/test_api $(BUILD)/test_reference $(BUILD)/test_profiles $(BUILD)/test_plan \
+	    $(BUILD)/test_gpu $(BUILD)/test_threads $(BUILD)/test_moe \
 	    "PYTHONPATH=python_bindings $(PYTHON) -m pytest -q -rs python_bindings/tests"
 
 # The engine adapters against the real engine packages (tests/engines/*.spec; tools/engine-test says how). The first
@@ -220,7 +231,7 @@ test-arch-mismatch:
 # ---- fuzzing (clang + libFuzzer, no GPU needed): the host validation and the CPU packers
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 30
-$(BUILD)/fuzz_api: tests/fuzz_api.c tests/fuzz_stubs.c $(LIB_C) $(REF_C) include/w4a16.h csrc/internal.h csrc/reference.h
+$(BUILD)/fuzz_api: tests/fuzz_api.c tests/fuzz_stubs.c $(LIB_C) $(REF_C) include/w4a16.h csrc/internal.h tests/ref/reference.h
 	@mkdir -p $(BUILD)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude $(CUDA_INC) \
 	    -D_GNU_SOURCE -DW4A16_SASS_ARCHS='"$(SASS_LIST)"' -DW4A16_PTX_ARCHS='"$(PTX_ARCH)"' \
@@ -309,6 +320,17 @@ check-fat sass: $(BUILD)/libw4a16.so
 	tools/check-fat $(BUILD)/libw4a16.so.$(VERSION) "$(ARCHS)"
 ptxas-report:
 	$(NVCC) $(NVFLAGS) -Xptxas -v -DW4A16_INST_DTYPE=0 -DW4A16_INST_LAYOUT=0 -c kernels/gemm_instance.cu -o /dev/null
+
+# ---- formatting (.clang-format, ruff.toml; 120 columns): reports files that differ from the formatter's output
+FORMAT_C  := $(wildcard include/*.h csrc/*.c csrc/*.h kernels/*.cu kernels/*.cuh kernels/*.h tests/*.c tests/*.h \
+               tests/ref/*.c tests/ref/*.h tools/*.c bench/*.cc)
+FORMAT_PY := python_bindings bench/plot tools/perf-table
+CLANG_FORMAT ?= clang-format
+RUFF ?= ruff
+format-check:
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_C)
+	$(RUFF) format --check $(FORMAT_PY)
+	$(RUFF) check $(FORMAT_PY)
 
 # also the library copies and build folders older setup.py versions left in the Python source tree
 clean:

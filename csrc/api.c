@@ -1,19 +1,9 @@
-/* Public entry points: validate everything, pick the tile from the device's profile, then launch.
+/* Public entry points: validate everything, plan the launch (csrc/plan.c), then launch.
  * Nothing here allocates or synchronises; a non-OK status means nothing was launched. */
 #include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
 #include "internal.h"
-
-/* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
- * SM) idle; never more blocks than those slots (the workspace is sized for that), at most 16 splits, and every
- * split keeps at least min_kt k-tiles. */
-int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt) {
-    int slots = sm_count * blocks_per_sm;
-    if (tiles * 2 > slots) return 1;
-    int s = slots / tiles;
-    if (s > num_kt / min_kt) s = num_kt / min_kt;
-    if (s > 16) s = 16;
-    return s < 1 ? 1 : s;
-}
 
 /* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
 static int group_shift(int G) {
@@ -23,123 +13,82 @@ static int group_shift(int G) {
     return s;
 }
 
-int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count) {
-    const size_t off = w4a16_workspace_slab_offset(sm_count);
-    long long nc = workspace_bytes > off ? (long long)((workspace_bytes - off) / ((size_t)K * 2)) : 0;
-    nc = nc >= N ? N : nc / W4A16_DENSE_BN * W4A16_DENSE_BN;
-    const long long tiles_m = (M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM;
-    return nc > 0 && tiles_m * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN) >= sm_count ? (int)nc : 0;
-}
-
 static w4a16_status launch_status(int err, const char *op) {
     if (err == cudaSuccess) return W4A16_OK;
     return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
                       cudaGetErrorString((cudaError_t)err));
 }
 
-static w4a16_status run_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
-                             const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
-                             size_t workspace_bytes, unsigned flags, w4a16_stream_t stream, const char *op) {
+/* The launch of a GEMM call on the current device: arguments from the validated tensors, the plan of csrc/plan.c. */
+static w4a16_status prepare_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
+                                 const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
+                                 size_t workspace_bytes, unsigned flags, w4a16_stream_t stream, const char *op,
+                                 const w4a16_device_state **state, w4a16_gemm_launch *a) {
     int device;
     const w4a16_device_state *st;
     w4a16_status s = w4a16_current_device(&device, &st);
     if (s != W4A16_OK) return s;
-    const w4a16_profile *p = st->profile;
     size_t need = w4a16_workspace_bytes_for(st->sm_count);
     if (workspace_bytes > 0 && workspace_bytes < need)
         return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
                           "w4a16_workspace_size() asks for on device %d", op, workspace_bytes, need, device);
-    w4a16_gemm_launch a = {0};
-    a.A = A; a.B = B; a.scales = scales; a.zeros = zeros; a.bias = bias; a.C = C;
-    a.M = M; a.N = N; a.K = K;
-    a.gshift = group_shift(G);
-    a.dtype = dtype;
-    a.layout = layout;
-    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
-    a.reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0;
-    a.pdl = (flags & W4A16_FLAG_PDL) != 0 && st->pdl;
-    a.counters = workspace;
-    a.partials = (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count);
-    a.stream = stream;
-    a.splits = 1;
-    const int nc = st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m
-                       ? w4a16_staged_slab_channels(M, N, K, workspace_bytes, st->sm_count)
-                       : 0;
-    if (nc > 0) {
-        /* staged: slabs of nc channels dequantised into the workspace after the split-K part, each multiplied by the
-         * dense GEMM */
-        void *slab = (char *)workspace + w4a16_workspace_slab_offset(st->sm_count);
-        const size_t elt = 2; /* fp16 / bf16 */
-        for (int n0 = 0; n0 < N; n0 += nc) {
-            const int n = N - n0 < nc ? N - n0 : nc;
-            int e = layout == W4A16_LAYOUT_AWQ
-                        ? w4a16_launch_awq_dequant_t(B, scales, zeros, slab, K, N, G, n0, n, dtype, stream)
-                        : w4a16_launch_marlin_dequant_t(B, scales, zeros, slab, K, N, a.gshift, a.marlin_channelwise,
-                                                        n0, n, dtype, stream);
-            if (e == 0)
-                e = w4a16_launch_dense_gemm(A, slab, bias ? (const char *)bias + n0 * elt : NULL,
-                                            (char *)C + n0 * elt, M, n, K, N, dtype, st->sm_count, stream);
-            if (e != 0) return launch_status(e, op);
-        }
-        return W4A16_OK;
+    *state = st;
+    *a = (w4a16_gemm_launch){0};
+    a->args = (w4a16_gemm_args){
+        .A = A, .B = B, .scales = scales, .zeros = zeros, .bias = bias, .C = C, .M = M, .N = N, .K = K,
+        .gshift = group_shift(G),
+        .counters = workspace,
+        .partials = workspace ? (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count) : NULL,
+        .marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K,
+        .reduce_dtype = (flags & W4A16_FLAG_REDUCE_IN_DTYPE) != 0,
+        .pdl = (flags & W4A16_FLAG_PDL) != 0 && st->pdl,
+    };
+    a->dtype = dtype;
+    a->layout = layout;
+    a->stream = stream;
+    if ((s = w4a16_plan_gemm(st, layout, dtype, M, N, K, workspace_bytes, op, &a->plan)) != W4A16_OK) return s;
+    a->args.stages = a->plan.stages;
+    return W4A16_OK;
+}
+
+/* Staged: slabs of plan.slab_channels channels dequantised into the workspace after the split-K part, each
+ * multiplied by the dense GEMM. */
+static w4a16_status run_staged(const w4a16_gemm_launch *a, int G, void *workspace, int sm_count, const char *op) {
+    const w4a16_gemm_args *g = &a->args;
+    void *slab = (char *)workspace + w4a16_workspace_slab_offset(sm_count);
+    const size_t elt = 2; /* fp16 / bf16 */
+    const int N = g->N, nc = a->plan.slab_channels;
+    for (int n0 = 0; n0 < N; n0 += nc) {
+        const int n = N - n0 < nc ? N - n0 : nc;
+        int e = a->layout == W4A16_LAYOUT_AWQ
+                    ? w4a16_launch_awq_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab,
+                                                 g->K, N, G, n0, n, a->dtype, a->stream)
+                    : w4a16_launch_marlin_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab,
+                                                    g->K, N, g->gshift, g->marlin_channelwise, n0, n, a->dtype,
+                                                    a->stream);
+        if (e == 0)
+            e = w4a16_launch_dense_gemm(g->A, slab, g->bias ? (const char *)g->bias + n0 * elt : NULL,
+                                        (char *)g->C + n0 * elt, g->M, n, g->K, N, a->dtype,
+                                        n == nc ? a->plan.grid[0] : w4a16_staged_grid(g->M, n, sm_count), a->stream);
+        if (e != 0) return launch_status(e, op);
     }
-    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) { /* Hopper: the wgmma kernels */
-        int id = M >= p->wgmma_large_min_m ? 0 : M > 64 ? 1 : 2;
-        /* Narrow layers at M 65-128: fewer than 32 blocks of the 128-token tile leave the SMs to split-K; the
-         * 64-token tile (two blocks per SM) was measured faster there (llama3-8b.o M = 128: 41 -> 24 us) and slower
-         * on wider layers (qwen2.5-72b.o, 32 tiles: 58 -> 69 us). */
-        if (id == 1 && (long long)((M + 127) / 128) * ((N + w4a16_wgmma_bn(1) - 1) / w4a16_wgmma_bn(1)) < 32) id = 2;
-        /* Very wide layers at M 17-64: the 256-channel tile halves the per-stage work per weight and still makes 1.5
-         * blocks per SM (qwen2.5-72b.gate_up, N = 59136: 224 -> 184 us at M = 64; 8B gate_up, 112 tiles, is slower). */
-        if (id == 2 && (long long)((N + w4a16_wgmma_bn(3) - 1) / w4a16_wgmma_bn(3)) * 2 >= 3LL * st->sm_count) id = 3;
-        const int tm = w4a16_wgmma_tm(id), bn = w4a16_wgmma_bn(id);
-        const int tiles_m = (M + tm - 1) / tm, tiles_n = (N + bn - 1) / bn, num_kt = (K + 63) / 64;
-        a.wgmma = 1 + id;
-        if (workspace_bytes > 0)
-            a.splits = w4a16_choose_splits(w4a16_wgmma_minb(id), tiles_m * tiles_n, num_kt, st->sm_count, 2);
-        return launch_status(w4a16_launch_gemm(&a), op);
+    return W4A16_OK;
+}
+
+static w4a16_status run_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
+                             const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
+                             size_t workspace_bytes, unsigned flags, w4a16_stream_t stream, const char *op) {
+    const w4a16_device_state *st;
+    w4a16_gemm_launch a;
+    w4a16_status s = prepare_gemm(layout, A, B, scales, zeros, bias, C, M, N, K, G, dtype, workspace,
+                                  workspace_bytes, flags, stream, op, &st, &a);
+    if (s != W4A16_OK) return s;
+    if (st->log_level >= 2) {
+        char text[256];
+        w4a16_plan_text(&a.plan, text, sizeof text);
+        fprintf(stderr, "w4a16: %s M=%d N=%d K=%d G=%d %s: %s\n", op, M, N, K, G, dtype ? "bf16" : "fp16", text);
     }
-    const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
-                                  : M <= p->mid_max_m             ? &p->mid
-                                  : M <= p->mid2_max_m            ? &p->mid2
-                                  : layout == W4A16_LAYOUT_MARLIN ? &p->large
-                                                                  : &p->large_awq;
-    const w4a16_gemm_config *cfg = w4a16_config(tc->cfg);
-    int bm = w4a16_cfg_bm(cfg), bn = w4a16_cfg_bn(cfg);
-    if (tc == &p->mid && (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn) >= st->sm_count) {
-        tc = &p->mid_wide; /* wide layer: enough blocks without the 8-warp tile; the 4-warp one runs two per SM */
-        cfg = w4a16_config(tc->cfg);
-        bm = w4a16_cfg_bm(cfg);
-        bn = w4a16_cfg_bn(cfg);
-    }
-    if (tc == &p->small && (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn) < 2LL * st->sm_count) {
-        tc = &p->small_split; /* K will be split across blocks: the deeper stage amortises its fixed costs better */
-        cfg = w4a16_config(tc->cfg);
-        bm = w4a16_cfg_bm(cfg);
-        bn = w4a16_cfg_bn(cfg);
-    }
-    const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
-    if (tiles_m > 2147483647 / tiles_n)
-        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
-    const int tiles = tiles_m * tiles_n, bk = w4a16_cfg_bk(cfg), num_kt = (K + bk - 1) / bk;
-    a.cfg = tc->cfg;
-    a.stages = tc->stages;
-    a.smem_bytes = w4a16_cfg_smem_bytes(cfg, layout, tc->stages);
-    if (workspace_bytes > 0) {
-        /* resident blocks per SM: the register budget of the config, or fewer where shared memory runs out first
-         * (an SM holds the per-block opt-in limit + 1 KB, and each block reserves 1 KB) */
-        int per_sm = (int)((st->smem_optin + 1024) / ((size_t)a.smem_bytes + 1024));
-        /* the budget the instance was built for: the config's, or that of the decode kernel's 16-token instance */
-        const int decode = w4a16_cfg_is_decode(cfg);
-        const int minb = decode && M > 8 && cfg->minb <= 3 ? W4A16_DECODE16_MINB(cfg->minb, layout, dtype) : cfg->minb;
-        if (per_sm > minb) per_sm = minb;
-        if (per_sm < 1) per_sm = 1;
-        /* the deep decode tile (256 k per stage) keeps at least 4 stages per split: measured on the H100 with
-         * llama3-8b.qkv / .o (K = 4096, 48 / 32 tiles) at M <= 16, 4 splits instead of 5 / 8 were 5-11% / 2-17%
-         * faster, while llama3-8b.down (K = 14336) keeps its 8 (docs/PERFORMANCE.md v18) */
-        const int min_kt = decode && bk >= 256 ? 4 : 2;
-        a.splits = w4a16_choose_splits(per_sm, tiles, num_kt, st->sm_count, min_kt);
-    }
+    if (a.plan.kind == W4A16_KERNEL_STAGED) return run_staged(&a, G, workspace, st->sm_count, op);
     return launch_status(w4a16_launch_gemm(&a), op);
 }
 
@@ -197,6 +146,44 @@ w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, c
         return s;
     return run_gemm(W4A16_LAYOUT_MARLIN, A, marlin_weight, marlin_scales, marlin_zeros, bias, C, M, N, K, G, dtype,
                     workspace, workspace_bytes, flags, stream, "w4a16_marlin_gemm");
+}
+
+w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4a16_dtype dtype,
+                             size_t workspace_bytes, w4a16_gemm_plan_info *info) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G;
+    if (!info) return w4a16_fail(W4A16_ERR_NULL_POINTER, "info is NULL");
+    if (marlin != 0 && marlin != 1) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "marlin=%d is neither 0 nor 1", marlin);
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_gemm_shape(M, N, K, group_size, marlin ? 128 : 32, &G)))
+        return s;
+    const w4a16_device_state *st;
+    w4a16_gemm_launch a;
+    if ((s = prepare_gemm(marlin ? W4A16_LAYOUT_MARLIN : W4A16_LAYOUT_AWQ, NULL, NULL, NULL, NULL, NULL, NULL, M, N,
+                          K, G, dtype, NULL, workspace_bytes, 0, NULL, "w4a16_gemm_plan", &st, &a)))
+        return s;
+    int occupancy = 0;
+    if (a.plan.kind != W4A16_KERNEL_STAGED) {
+        int e = w4a16_gemm_occupancy(&a, &occupancy);
+        if (e != cudaSuccess)
+            return w4a16_fail(W4A16_ERR_CUDA, "w4a16_gemm_plan: occupancy of the %s kernel: %s",
+                              w4a16_kernel_kind_name(a.plan.kind), cudaGetErrorString((cudaError_t)e));
+    }
+    const w4a16_plan *pl = &a.plan;
+    memset(info, 0, sizeof *info);
+    snprintf(info->kernel, sizeof info->kernel, "%s", w4a16_kernel_kind_name(pl->kind));
+    info->config = pl->cfg;
+    info->stages = pl->stages;
+    info->splits = pl->splits;
+    memcpy(info->grid, pl->grid, sizeof info->grid);
+    info->threads = pl->threads;
+    info->smem_bytes = pl->smem_bytes;
+    info->blocks_per_sm = pl->blocks_per_sm;
+    if (pl->smem_bytes > 0) info->smem_blocks_per_sm = st->smem_per_sm / (pl->smem_bytes + st->smem_reserved);
+    info->occupancy = occupancy;
+    info->carveout = pl->carveout;
+    w4a16_plan_text(pl, info->text, sizeof info->text);
+    return W4A16_OK;
 }
 
 w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W, int K,

@@ -1,9 +1,10 @@
-/* Devices, drivers and architecture profiles.
+/* Devices, drivers and the choice of profile (csrc/profiles.c).
  *
- * A profile is a small table (which compiled tile config, how many pipeline stages, per M regime) named after
- * the architecture it was tuned for, with a fallback chain. Each device gets one profile on first use
- * (thread-safe): its own, else the nearest of its family, walking the chain until the tiles fit the device's
- * sharedMemPerBlockOptin; W4A16_PROFILE forces one, W4A16_LOG=1 prints the choice. Before any profile is
+ * Each device gets one profile on first use (thread-safe): its own, else the nearest of its family, walking the
+ * fallback chain until the tiles fit the device's sharedMemPerBlockOptin; W4A16_PROFILE forces one, W4A16_LOG=1
+ * prints the choice. A forced profile of an architecture with less shared memory per SM than the device holds each
+ * SM to that architecture's (a carveout on every GEMM kernel), so that the resident blocks, and therefore the
+ * timings, are those its GPUs would see; K splits and grids still use the device's own SM count. Before any profile is
  * accepted, one kernel image is loaded (cudaFuncGetAttributes) so a GPU this build cannot run is reported
  * here, naming its compute capability and the compiled architectures, and never reached by a launch. */
 #include <cuda_runtime_api.h>
@@ -20,79 +21,11 @@
 #define W4A16_PTX_ARCHS ""
 #endif
 
-/* ---------------------------------------------------------------- tables */
-static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
-#define W4A16_CFG_ROW_(id, name, MT, WM, NH, WN, WK, KS, MINB) {id, name, MT, WM, NH, WN, WK, KS, MINB},
-    W4A16_GEMM_CONFIGS(W4A16_CFG_ROW_)
-#undef W4A16_CFG_ROW_
-};
-
-/* name, arch, fallback, small/mid/mid2 max M, {cfg, stages} for small / mid / mid2 / large M (Marlin, AWQ layout),
- * and for small M when the tiles leave the GPU under-filled so K is split across blocks (measured on the H100:
- * 8 k16 steps per warp-stage win 5-20% there and lose 8-21% on large-N layers; the 100 KB parts keep cfg0).
- * Shared memory per stage (AWQ layout, the larger): cfg0 15.3 KB, cfg1 27.3 KB, cfg2/3 26.3 KB, cfg4 13.6 KB, cfg5 30.5 KB.
- * The decode config takes 3 stages everywhere (4 blocks/SM fit 227 KB, 2 fit the 100 KB of sm_86/89/120/121); the 99 KB parts
- * take one stage less for the larger tiles. The sm90 profile's unsplit decode tile is cfg5 with 3 stages (2 blocks/SM):
- * with the decode kernel of gemm_decode.cuh, whose per-stage work is the larger share, it measured 7% faster than cfg0
- * on qwen2.5-72b.gate_up at M = 1 (108 -> 101 us) and level elsewhere; 4 stages were not better. Its split tile
- * (cfg5 x 3 as well, 2 blocks/SM, so fewer K splits) was level without programmatic dependent launch and measured
- * 6-17% faster on the o / down layers with it (qwen2.5-72b.o 21.6 -> 17.9 us, docs/PERFORMANCE.md v18).
- * Decode tiles serve M <= 32 (two 16-row tiles beat one 64-row tile there).
- * Mid M on wide layers (the mid tile's blocks alone fill every SM) takes the 4-warp 64x128 tile (`mid_wide`):
- * measured on the H100 at M = 64, 20-25% faster on the gate_up layers and 20-40% slower on the narrower ones. The sm90 profile also names the M from which a compute capability 9.0
- * device runs the sm_90a wgmma kernel (64-token tile up to M = 64, 128-token tile up to M = 128, 256 above). */
-#ifndef W4A16_SM90_STAGED_MIN_M /* experiments: -DW4A16_SM90_STAGED_MIN_M=... */
-#define W4A16_SM90_STAGED_MIN_M 1024
-#endif
-static const w4a16_profile profiles[] = {
-    {"sm80", 80, NULL, 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
-    {"sm86", 86, "sm80", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-    {"sm89", 89, "sm86", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-    {"sm90", 90, "sm80", 32, 64, 256, {5, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 3}, {4, 5}, 17, 129, W4A16_SM90_STAGED_MIN_M},
-    {"sm100", 100, "sm90", 32, 64, 256, {0, 3}, {1, 4}, {4, 5}, {2, 4}, {3, 4}, {5, 2}, {4, 5}, 0, 0, 0},
-    {"sm120", 120, "sm89", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-    {"sm121", 121, "sm120", 32, 64, 256, {0, 3}, {1, 3}, {4, 4}, {2, 3}, {3, 3}, {0, 3}, {4, 4}, 0, 0, 0},
-};
-enum { NUM_PROFILES = sizeof profiles / sizeof profiles[0] };
-
-static const char *const profile_names[NUM_PROFILES + 1] = {"sm80",  "sm86",  "sm89", "sm90",
-                                                            "sm100", "sm120", "sm121", NULL};
-
-const char *const *w4a16_profile_names(void) { return profile_names; }
-
-const w4a16_gemm_config *w4a16_config(int id) {
-    return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL;
-}
-
-const w4a16_profile *w4a16_find_profile(const char *name) {
-    for (int i = 0; i < NUM_PROFILES; i++)
-        if (name && strcmp(profiles[i].name, name) == 0) return &profiles[i];
-    return NULL;
-}
-
-static int choice_smem(const w4a16_tile_choice *c) {
-    const w4a16_gemm_config *cfg = w4a16_config(c->cfg);
-    int a = w4a16_cfg_smem_bytes(cfg, W4A16_LAYOUT_AWQ, c->stages);
-    int m = w4a16_cfg_smem_bytes(cfg, W4A16_LAYOUT_MARLIN, c->stages);
-    return a > m ? a : m;
-}
-
-int w4a16_profile_smem_bytes(const w4a16_profile *p) {
-    const w4a16_tile_choice *all[] = {&p->small, &p->mid, &p->mid2, &p->large, &p->large_awq, &p->small_split,
-                                      &p->mid_wide};
-    int r = 0;
-    for (int i = 0; i < 7; i++) {
-        int b = choice_smem(all[i]);
-        r = b > r ? b : r;
-    }
-    return r;
-}
-
 /* The device's own profile, else the nearest lower one of the same major version, else NULL. */
 static const w4a16_profile *native_profile(int arch) {
     const w4a16_profile *best = NULL;
-    for (int i = 0; i < NUM_PROFILES; i++) {
-        const w4a16_profile *p = &profiles[i];
+    for (const char *const *name = w4a16_profile_names(); *name; name++) {
+        const w4a16_profile *p = w4a16_find_profile(*name);
         if (p->arch / 10 == arch / 10 && p->arch <= arch && (!best || p->arch > best->arch)) best = p;
     }
     if (!best && arch >= 130) best = w4a16_find_profile("sm120"); /* newer part: mma.sync, small smem assumed */
@@ -146,9 +79,34 @@ enum { MAX_DEVICES = 64 };
 static w4a16_device_state states[MAX_DEVICES];
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int log_enabled(void) {
+/* W4A16_LOG: 0 or unset quiet, 1 the device's profile, 2 also every GEMM call's plan. */
+static int log_level(void) {
     const char *v = getenv("W4A16_LOG");
-    return v && *v && strcmp(v, "0") != 0;
+    if (!v || !*v) return 0;
+    int n = atoi(v);
+    return n > 0 ? n : strcmp(v, "0") != 0;
+}
+
+/* Use profile `p` on the device of `st`. A forced profile of an architecture with less shared memory per SM than
+ * the device is emulated: the plans count resident blocks with its shared memory, and the kernels run with the
+ * carveout (percent of the device's, rounded down: the hardware rounds a carveout up to its next configuration)
+ * that leaves that much. */
+void w4a16_use_profile(w4a16_device_state *st, const w4a16_profile *p, int forced) {
+    st->profile = p;
+    st->smem_per_sm = st->device_smem_per_sm;
+    st->carveout = -1;
+    if (forced && p->smem_per_sm < st->device_smem_per_sm) {
+        st->smem_per_sm = p->smem_per_sm;
+        st->carveout = (int)(100LL * p->smem_per_sm / st->device_smem_per_sm);
+    }
+}
+
+/* ", each SM held to 100 KB of shared memory (carveout 43%)" when a profile is emulated, else "". */
+static void emulation_text(const w4a16_device_state *st, char *buf, size_t size) {
+    buf[0] = 0;
+    if (st->carveout >= 0)
+        snprintf(buf, size, ", each SM held to the %d KB of shared memory of %s (carveout %d%% of %d KB)",
+                 st->smem_per_sm / 1024, st->profile->name, st->carveout, st->device_smem_per_sm / 1024);
 }
 
 /* Accept `p` for the device if it fits; else walk its fallback chain. */
@@ -172,7 +130,11 @@ static void init_state(int device, w4a16_device_state *st) {
     int arch = prop.major * 10 + prop.minor;
     st->sm_count = prop.multiProcessorCount;
     st->smem_optin = prop.sharedMemPerBlockOptin;
+    st->device_smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
+    st->smem_reserved = (int)prop.reservedSharedMemPerBlock;
+    st->carveout = -1;
     st->pdl = prop.major >= 9;
+    st->log_level = log_level();
     if (arch < 80) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
         snprintf(st->reason, sizeof st->reason,
@@ -207,9 +169,8 @@ static void init_state(int device, w4a16_device_state *st) {
                          w4a16_profile_smem_bytes(p), prop.name, st->smem_optin);
             } else {
                 st->status = W4A16_ERR_INVALID_VALUE;
-                snprintf(st->reason, sizeof st->reason,
-                         "W4A16_PROFILE=%s is not a profile name (sm80 sm86 sm89 sm90 sm100 sm120 sm121 auto)",
-                         forced);
+                snprintf(st->reason, sizeof st->reason, "W4A16_PROFILE=%s is not a profile name (%s)", forced,
+                         w4a16_profile_list_text());
             }
             return;
         }
@@ -222,18 +183,20 @@ static void init_state(int device, w4a16_device_state *st) {
                  "shared memory per block)", prop.name, prop.major, prop.minor, st->smem_optin);
         return;
     }
-    st->profile = p;
+    const int is_forced = forced && *forced && strcmp(forced, "auto") != 0;
+    w4a16_use_profile(st, p, is_forced);
     st->status = W4A16_OK;
-    char wg[128] = "", staged[48] = "";
+    char wg[128] = "", staged[48] = "", emu[128];
+    emulation_text(st, emu, sizeof emu);
     if (p->staged_min_m > 0) snprintf(staged, sizeof staged, ", staged GEMMs from M = %d", p->staged_min_m);
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
                  p->wgmma_large_min_m, staged);
-    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s",
-             p->name, forced && *forced && strcmp(forced, "auto") != 0 ? " (forced by W4A16_PROFILE)" : "",
-             prop.name, arch, st->sm_count, st->smem_optin / 1024,
-             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg);
-    if (log_enabled()) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
+    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s",
+             p->name, is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count,
+             st->smem_optin / 1024, has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)",
+             wg, emu);
+    if (st->log_level) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
 }
 
 /* State of `device`, initialising it once; switches the current device temporarily when needed. */
@@ -320,8 +283,8 @@ w4a16_status w4a16_force_profile(const char *name) {
     int automatic = !name || !*name || strcmp(name, "auto") == 0;
     const w4a16_profile *p = automatic ? NULL : w4a16_find_profile(name);
     if (!automatic && !p)
-        return w4a16_fail(W4A16_ERR_INVALID_VALUE,
-                          "profile '%s' does not exist (sm80 sm86 sm89 sm90 sm100 sm120 sm121 auto)", name);
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "profile '%s' does not exist (%s)", name,
+                          w4a16_profile_list_text());
     int device = -1;
     const w4a16_device_state *st;
     w4a16_status s = w4a16_current_device(&device, &st);
@@ -338,9 +301,12 @@ w4a16_status w4a16_force_profile(const char *name) {
                           "profile %s needs %d bytes of shared memory per block; device %d allows %zu", name,
                           w4a16_profile_smem_bytes(p), device, w->smem_optin);
     }
-    if (p) w->profile = p;
-    if (log_enabled()) fprintf(stderr, "w4a16: device %d: profile %s%s\n", device, p ? p->name : "?",
-                               automatic ? " (automatic)" : " (forced)");
+    if (p) w4a16_use_profile(w, p, !automatic);
+    char emu[128];
+    emulation_text(w, emu, sizeof emu);
+    if (w->log_level)
+        fprintf(stderr, "w4a16: device %d: profile %s%s%s\n", device, p ? p->name : "?",
+                automatic ? " (automatic)" : " (forced)", emu);
     pthread_mutex_unlock(&state_lock);
     return W4A16_OK;
 }
@@ -351,7 +317,7 @@ w4a16_status w4a16_force_profile(const char *name) {
 static size_t max_split_blocks(int sm_count) {
     int best = 0;
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++)
-        if (configs[i].minb > best) best = configs[i].minb;
+        if (w4a16_config(i)->minb > best) best = w4a16_config(i)->minb;
     return (size_t)sm_count * best;
 }
 
@@ -362,7 +328,7 @@ static size_t max_split_partial_bytes(int sm_count) {
         if (b > best) best = b;
     }
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
-        const w4a16_gemm_config *c = &configs[i];
+        const w4a16_gemm_config *c = w4a16_config(i);
         size_t b = (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
         if (b > best) best = b;
     }

@@ -13,31 +13,44 @@ W4A16_HIDDEN w4a16_status w4a16_fail(w4a16_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 W4A16_HIDDEN void w4a16_clear_error(void);
 
-/* One tile choice of a profile: a compiled config and its pipeline depth. */
+/* One tile choice of a profile: a compiled config (W4A16_CFG_*) and its pipeline depth. */
 typedef struct w4a16_tile_choice {
     int cfg;
     int stages;
 } w4a16_tile_choice;
 
-/* An architecture profile: data, not code (BLIS style). Choices are by M regime. */
+/* An architecture profile (csrc/profiles.c): which compiled tile runs in each M regime, and the thresholds that pick
+ * between tiles, as data; csrc/plan.c reads it. */
 typedef struct w4a16_profile {
-    const char *name;       /* "sm90" */
-    int arch;               /* compute capability * 10 it was tuned for */
-    const char *fallback;   /* next profile in the chain, or NULL */
-    int small_max_m;        /* M <= this: `small`, or `small_split` when its tiles fill fewer than 2 blocks per SM */
-    int mid_max_m;          /* M <= this: `mid` */
-    int mid2_max_m;         /* M <= this: `mid2`, else `large` (Marlin layout) or `large_awq` */
-    w4a16_tile_choice small, mid, mid2, large, large_awq, small_split;
-    w4a16_tile_choice mid_wide; /* mid M when `mid`'s tiles alone fill every SM (wide layers) */
-    int wgmma_min_m;        /* M >= this (> 0) on a compute capability 9.0 device: the sm_90a wgmma kernel, */
-    int wgmma_large_min_m;  /* its 128-token tile (W4A16_WGMMA_CONFIGS 1) below this M, its 256-token tile (0) from it */
-    int staged_min_m;       /* GEMMs (both layouts) with M >= this (> 0) on a wgmma device run staged when the
-                               workspace holds a slab of dequantised weights (w4a16_workspace_size_staged) */
+    const char *name;     /* "sm90": its entry of W4A16_PROFILE_LIST */
+    int arch;             /* compute capability x 10 it was tuned for */
+    const char *fallback; /* next profile in the chain, or NULL */
+    int smem_per_sm;      /* shared memory of one SM of that architecture (bytes): a forced profile holds a larger SM
+                             to it (carveout), so that the resident blocks are those of its architecture */
+    /* mma.sync tiles: M <= small_max_m `small`, M <= mid_max_m `mid`, M <= mid2_max_m `mid2`, else `large` (Marlin
+     * layout) or `large_awq` (AWQ layout) */
+    int small_max_m, mid_max_m, mid2_max_m;
+    w4a16_tile_choice small, mid, mid2, large, large_awq;
+    w4a16_tile_choice small_split; /* small M when `small`'s tiles are fewer than small_split_tiles_per_sm per SM
+                                      (K will be split across blocks) */
+    w4a16_tile_choice mid_wide;    /* mid M when `mid`'s tiles are at least mid_wide_tiles_per_sm per SM */
+    int small_split_tiles_per_sm, mid_wide_tiles_per_sm;
+    int deep_decode_min_kt; /* k-tiles per K split at least, for decode tiles of 256 k per stage (others 2) */
+    /* compute capability 9.0 with the sm_90a images loaded: wgmma tiles (W4A16_WGMMA_*) from wgmma_min_m (0: never):
+     * T64 below wgmma_t128_min_m, T128 below wgmma_large_min_m, T256 from it; T128 falls back to T64 when it makes
+     * fewer than wgmma_t128_min_tiles tiles, and T64 widens to T64_WIDE when that makes at least
+     * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM */
+    int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
+    int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm;
+    int staged_min_m; /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
+                         dequantised weights (w4a16_workspace_size_staged) */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
 W4A16_HIDDEN const w4a16_gemm_config *w4a16_config(int id);
 W4A16_HIDDEN int w4a16_profile_smem_bytes(const w4a16_profile *p);
+/* "sm80 sm86 ... sm121": the names of W4A16_PROFILE_LIST, for messages. */
+W4A16_HIDDEN const char *w4a16_profile_list_text(void);
 
 /* Per-device state, filled once (thread-safe) on first use. */
 typedef struct w4a16_device_state {
@@ -45,11 +58,21 @@ typedef struct w4a16_device_state {
     w4a16_status status; /* why the device cannot be used, or W4A16_OK */
     char reason[256];
     int sm_count;
-    size_t smem_optin;
+    size_t smem_optin;   /* shared memory per block (opt-in limit) */
+    int device_smem_per_sm; /* the device's shared memory per SM */
+    int smem_per_sm;     /* shared memory per SM the plans count resident blocks with: the device's, or the smaller
+                            one of a forced profile's architecture (then held to it by `carveout`) */
+    int smem_reserved;   /* shared memory the system reserves per block */
+    int carveout;        /* -1, or the shared-memory carveout (percent) that holds an SM to smem_per_sm */
     const w4a16_profile *profile;
     int wgmma;           /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
     int pdl;             /* programmatic dependent launch exists (compute capability 9.0 and up): W4A16_FLAG_PDL */
+    int log_level;       /* W4A16_LOG at first use: 1 device choices, 2 also every GEMM's plan */
 } w4a16_device_state;
+
+/* Use profile `p` on the device of `st` (csrc/device.c); `forced`: chosen by W4A16_PROFILE / w4a16_force_profile,
+ * then a smaller SM of the profile's architecture is emulated (smem_per_sm, carveout). */
+W4A16_HIDDEN void w4a16_use_profile(w4a16_device_state *st, const w4a16_profile *p, int forced);
 
 /* The state of the current device; on error the status is recorded with its message and returned. */
 W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_state **state);
@@ -58,10 +81,21 @@ W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_s
 W4A16_HIDDEN size_t w4a16_workspace_counters_bytes(int sm_count);
 W4A16_HIDDEN size_t w4a16_workspace_bytes_for(int sm_count);
 W4A16_HIDDEN size_t w4a16_workspace_slab_offset(int sm_count); /* then the staged path's weight slab */
-/* Channels per slab of the staged path for a workspace of `workspace_bytes` (csrc/api.c): N when the whole weight
- * fits, else a multiple of the dense tile's width; 0 when the slab would not give every SM a tile (or not fit). */
+
+/* Launch plans (csrc/plan.c). */
+/* The launch of one GEMM call on device `st` (its profile, SMs, shared memory, kernels): kernel kind, config,
+ * stages, K splits and grid; W4A16_ERR_SIZE_OVERFLOW (recorded, naming `op`) when the tiles overflow. */
+W4A16_HIDDEN w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype, int M, int N, int K,
+                                          size_t workspace_bytes, const char *op, w4a16_plan *plan);
+/* The plan in one line (W4A16_LOG=2, w4a16_gemm_plan). */
+W4A16_HIDDEN void w4a16_plan_text(const w4a16_plan *plan, char *buf, size_t size);
+W4A16_HIDDEN const char *w4a16_kernel_kind_name(int kind);
+/* Channels per slab of the staged path for a workspace of `workspace_bytes`: N when the whole weight fits, else a
+ * multiple of the dense tile's width; 0 when the slab would not give every SM a tile (or not fit). */
 W4A16_HIDDEN int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count);
-/* K splits across blocks (csrc/api.c) for `tiles` tiles of `num_kt` k-tiles on sm_count SMs holding blocks_per_sm
+/* Blocks of the staged path's dense GEMM for a slab of nc channels: one per tile, at most one per SM. */
+W4A16_HIDDEN int w4a16_staged_grid(int M, int nc, int sm_count);
+/* K splits across blocks for `tiles` tiles of `num_kt` k-tiles on sm_count SMs holding blocks_per_sm
  * blocks each: 1 when the tiles alone fill half the block slots; else at most the slots (tiles x splits <= slots:
  * the workspace is sized for that), at most 16, and at least min_kt k-tiles per split. */
 W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt);

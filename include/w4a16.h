@@ -116,10 +116,16 @@ typedef struct w4a16_device_info {
  * W4A16_ERR_DRIVER_TOO_OLD when no device can be queried. */
 W4A16_API w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info);
 
-/* Force the tuning profile for the current device: "sm80", "sm86", "sm89", "sm90", "sm100", "sm120",
- * "sm121", or NULL / "" / "auto" for automatic choice. The environment variable W4A16_PROFILE does
- * the same at first use; W4A16_LOG=1 prints every choice on stderr. (Testing override:
- * W4A16_FAKE_DRIVER_VERSION=12020 makes w4a16 act as if the driver supported only CUDA 12.2.)
+/* The tuning profiles, one per architecture it was tuned for (oldest first): the names W4A16_PROFILE and
+ * w4a16_force_profile take, and w4a16_profile_names() lists. */
+#define W4A16_PROFILE_LIST(X) X(sm80) X(sm86) X(sm89) X(sm90) X(sm100) X(sm120) X(sm121)
+
+/* Force the tuning profile for the current device: a name of W4A16_PROFILE_LIST, or NULL / "" / "auto" for
+ * automatic choice. The environment variable W4A16_PROFILE does the same at first use; W4A16_LOG=1 prints every
+ * choice on stderr, W4A16_LOG=2 also the launch plan of every GEMM. A profile of an architecture with less shared
+ * memory per SM than the device (sm120 on an H100) also holds each SM to that architecture's shared memory (a
+ * carveout), so that as many blocks run per SM as would there. (Testing override: W4A16_FAKE_DRIVER_VERSION=12020
+ * makes w4a16 act as if the driver supported only CUDA 12.2.)
  * Returns W4A16_ERR_INVALID_VALUE for an unknown name, W4A16_ERR_PROFILE_UNAVAILABLE when the
  * profile's tiles need more shared memory than the device has (the previous choice stays). */
 W4A16_API w4a16_status w4a16_force_profile(const char *name);
@@ -147,6 +153,25 @@ W4A16_API w4a16_status w4a16_workspace_size(size_t *bytes);
  * Returns W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE (N not a positive multiple of 64, K not of 32) or a device
  * status, and then writes nothing. */
 W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
+
+/* ---------------------------------------------------------------- launch plans
+ * What a GEMM call would launch on the current device, without launching it: the kernel, tile config, pipeline
+ * stages, K splits and grid (what W4A16_LOG=2 prints for every call), the resident blocks per SM the plan sized its
+ * K split for, and those the device gives that kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor with the plan's
+ * shared memory and carveout, which this sets on the kernel as a launch would). Arguments as for w4a16_awq_gemm
+ * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
+typedef struct w4a16_gemm_plan_info {
+    char kernel[16];   /* "decode-8", "decode-16", "mma.sync", "wgmma" or "staged" */
+    int config;        /* tile config id (mma.sync or wgmma list, by kernel) */
+    int stages, splits, grid[3], threads, smem_bytes;
+    int blocks_per_sm; /* resident blocks per SM the plan sized its K split for */
+    int smem_blocks_per_sm; /* blocks the profile's SM holds by shared memory (mma.sync kernels; 0 otherwise) */
+    int occupancy;     /* resident blocks per SM the device gives the kernel (0 for the staged path) */
+    int carveout;      /* shared-memory carveout (percent) emulating the profile's SM, or -1 */
+    char text[256];    /* the plan in one line */
+} w4a16_gemm_plan_info;
+W4A16_API w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4a16_dtype dtype,
+                                       size_t workspace_bytes, w4a16_gemm_plan_info *info);
 
 /* ---------------------------------------------------------------- pure AWQ path
  * Works on AutoAWQ "gemm" checkpoint tensors exactly as stored:

@@ -8,7 +8,7 @@
 namespace w4a16 {
 
 // Plain cp.async.cg (no L2::cache_hint / createpolicy: that combination traps on sm_90 and sm_120 with recent
-// ptxas, see targets.md). src-size 0 zero-fills the 16 bytes, so out-of-range rows cost no branch.
+// ptxas). src-size 0 zero-fills the 16 bytes, so out-of-range rows cost no branch.
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     int n = pred ? 16 : 0;
@@ -16,9 +16,8 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 }
 // Weight copies inside the matrix: the same copy with the L2 prefetch-size qualifier L2::128B (a fetch granularity,
 // not an eviction policy: no createpolicy, no cache hint operand; SASS LDGSTS...LTC128B on every architecture). An AWQ
-// tile row is a 64-byte piece and its neighbour belongs to the next block of channels, which runs at the same time:
-// fetching 128 bytes made the AWQ decode path up to 13% faster on the H100; 256 bytes was no better (docs/PERFORMANCE.md
-// v17f).
+// tile row is a 64-byte piece and its neighbour belongs to the next block of channels, which runs at the same time, so
+// one 128-byte fetch serves both (docs/PERFORMANCE.md, "Profile and kernel choices").
 __device__ __forceinline__ void cp_async16_weights(void *smem, const void *gmem) {
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));

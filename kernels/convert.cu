@@ -1,39 +1,10 @@
-// Element-wise kernels (AWQ dequantisation, load-time Marlin converters) and the C-callable dispatch into the
-// GEMM instances. The index maps here have plain-C twins in csrc/marlin_ref.c; tests compare them bit for bit.
+// Element-wise kernels: AWQ dequantisation (also transposed, for the staged path) and the load-time Marlin
+// converters. The index maps here have plain-C twins in tests/ref/marlin_ref.c; tests compare them bit for bit.
 #include "common.cuh"
-#include "gemm.cuh"
 #include "launch.h"
 #include "marlin_index.h"
-#ifdef W4A16_HAVE_WGMMA
-#include "gemm_sm90_dense.cuh"
-#endif
 
 namespace w4a16 {
-#define W4A16_DECL_(d, l)                                                                                   \
-    cudaError_t launch_gemm_##d##_##l(const GemmArgs &, int, int, int, cudaStream_t);                      \
-    cudaError_t probe_gemm_##d##_##l(int, cudaFuncAttributes *);
-W4A16_DECL_(0, 0)
-W4A16_DECL_(0, 1)
-W4A16_DECL_(1, 0)
-W4A16_DECL_(1, 1)
-#undef W4A16_DECL_
-#ifdef W4A16_HAVE_WGMMA
-#define W4A16_DECL_(d, l)                                                                                   \
-    int sm90_smem_bytes_##d##_##l(int);                                                                     \
-    cudaError_t launch_gemm_sm90_##d##_##l(const GemmArgs &, int, int, cudaStream_t);                       \
-    cudaError_t probe_gemm_sm90_##d##_##l(int, cudaFuncAttributes *);
-W4A16_DECL_(0, 0)
-W4A16_DECL_(0, 1)
-W4A16_DECL_(1, 0)
-W4A16_DECL_(1, 1)
-#undef W4A16_DECL_
-cudaError_t launch_dense_sm90_0_0(const DenseArgs &, int, cudaStream_t);
-cudaError_t launch_dense_sm90_1_0(const DenseArgs &, int, cudaStream_t);
-cudaError_t probe_dense_sm90_0_0(cudaFuncAttributes *);
-cudaError_t probe_dense_sm90_1_0(cudaFuncAttributes *);
-int dense_smem_bytes_0_0();
-int dense_smem_bytes_1_0();
-#endif
 
 // ---- AWQ dequantisation: one thread per packed word -> 8 adjacent outputs (one 16-byte store).
 template <typename T>
@@ -193,88 +164,6 @@ static unsigned blocks_for(long long n, int threads) { return (unsigned)((n + th
 
 using namespace w4a16;
 
-extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
-    GemmArgs g;
-    g.A = a->A;
-    g.B = static_cast<const uint32_t *>(a->B);
-    g.scales = a->scales;
-    g.zeros = static_cast<const uint32_t *>(a->zeros);
-    g.bias = a->bias;
-    g.C = a->C;
-    g.M = a->M; g.N = a->N; g.K = a->K;
-    g.gshift = a->gshift;
-    g.stages = a->stages;
-    g.counters = static_cast<int *>(a->counters);
-    g.partials = static_cast<float4 *>(a->partials);
-    g.marlin_channelwise = a->marlin_channelwise;
-    g.reduce_dtype = a->reduce_dtype;
-    g.pdl = a->pdl;
-    cudaStream_t s = static_cast<cudaStream_t>(a->stream);
-    const int which = a->dtype * 2 + a->layout;
-    if (a->wgmma) {
-#ifdef W4A16_HAVE_WGMMA
-        switch (which) {
-        case 0: return launch_gemm_sm90_0_0(g, a->wgmma - 1, a->splits, s);
-        case 1: return launch_gemm_sm90_0_1(g, a->wgmma - 1, a->splits, s);
-        case 2: return launch_gemm_sm90_1_0(g, a->wgmma - 1, a->splits, s);
-        case 3: return launch_gemm_sm90_1_1(g, a->wgmma - 1, a->splits, s);
-        }
-#endif
-        return cudaErrorInvalidDeviceFunction;
-    }
-    switch (which) {
-    case 0: return launch_gemm_0_0(g, a->cfg, a->splits, a->smem_bytes, s);
-    case 1: return launch_gemm_0_1(g, a->cfg, a->splits, a->smem_bytes, s);
-    case 2: return launch_gemm_1_0(g, a->cfg, a->splits, a->smem_bytes, s);
-    case 3: return launch_gemm_1_1(g, a->cfg, a->splits, a->smem_bytes, s);
-    }
-    return cudaErrorInvalidValue;
-}
-
-extern "C" int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version) {
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaErrorInvalidValue;
-    switch (dtype * 2 + layout) {
-    case 0: e = probe_gemm_0_0(cfg, &attr); break;
-    case 1: e = probe_gemm_0_1(cfg, &attr); break;
-    case 2: e = probe_gemm_1_0(cfg, &attr); break;
-    case 3: e = probe_gemm_1_1(cfg, &attr); break;
-    }
-    if (e == cudaSuccess && binary_version) *binary_version = attr.binaryVersion;
-    return e;
-}
-
-extern "C" int w4a16_probe_gemm_wgmma(void) {
-#ifdef W4A16_HAVE_WGMMA
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaSuccess;
-    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS && e == cudaSuccess; id++) {
-        if (e == cudaSuccess) e = probe_gemm_sm90_0_0(id, &attr);
-        if (e == cudaSuccess) e = probe_gemm_sm90_0_1(id, &attr);
-        if (e == cudaSuccess) e = probe_gemm_sm90_1_0(id, &attr);
-        if (e == cudaSuccess) e = probe_gemm_sm90_1_1(id, &attr);
-    }
-    if (e == cudaSuccess) e = probe_dense_sm90_0_0(&attr); // the staged path's dense GEMM
-    if (e == cudaSuccess) e = probe_dense_sm90_1_0(&attr);
-    return e;
-#else
-    return cudaErrorInvalidDeviceFunction;
-#endif
-}
-
-extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
-    int r = 0;
-#ifdef W4A16_HAVE_WGMMA
-    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS; id++) {
-        int a = sm90_smem_bytes_0_0(id), b = sm90_smem_bytes_0_1(id);
-        r = a > r ? a : r;
-        r = b > r ? b : r;
-    }
-    r = dense_smem_bytes_0_0() > r ? dense_smem_bytes_0_0() : r;
-#endif
-    return r;
-}
-
 extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
                                         int K, int N, int G, int dtype, void *stream) {
     long long n = (long long)K * (N / 8);
@@ -319,21 +208,6 @@ extern "C" int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *
                                                                        z, static_cast<__nv_bfloat16 *>(Wt), K, N,
                                                                        gshift, channelwise, n0, nc);
     return cudaGetLastError();
-}
-
-extern "C" int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K,
-                                       int ldc, int dtype, int sm_count, void *stream) {
-#ifdef W4A16_HAVE_WGMMA
-    DenseArgs d;
-    d.A = A; d.W = Wt; d.bias = bias; d.C = C;
-    d.M = M; d.N = nc; d.K = K; d.ldc = ldc;
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return dtype == 0 ? launch_dense_sm90_0_0(d, sm_count, s) : launch_dense_sm90_1_0(d, sm_count, s);
-#else
-    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)sm_count;
-    (void)stream;
-    return cudaErrorInvalidDeviceFunction;
-#endif
 }
 
 extern "C" int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream) {

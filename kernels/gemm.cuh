@@ -1,4 +1,4 @@
-// w4a16 int4 dequant-GEMM: one kernel template for both weight layouts (the 16-token tiles have their own decode
+// w4a16 int4 dequant-GEMM: one kernel template for every weight format (the 16-token tiles have their own decode
 // kernel, gemm_decode.cuh, which shares this file's split-K pieces and tiles.cuh).
 //
 //   C[M,N] = A[M,K] * dequant(W) (+ bias),  A/C/scales/bias in T (fp16 or bf16), fp32 accumulation.
@@ -10,13 +10,8 @@
 // one __syncthreads per stage. Each warp computes (16*MT) x 64 with mma.sync m16n8k16: A fragments by
 // ldmatrix.x4 from an XOR-swizzled tile, B fragments dequantised in registers with the magic-number trick.
 //
-// Weight layouts (the only layout-specific code is the B-fragment loader and the column map):
-//  * AWQ  (qweight [K, N/8], nibble i of word c = column 8c + ORDER[i]). Thread (q = lane%4, r = lane/4)
-//    owns, inside its warp's 64 columns, word r: the 8 columns 8r..8r+7. Its n8 block j is nibble j, so
-//    the 4 words of rows 2q, 2q+1, 2q+8, 2q+9 give the B fragments of all 8 blocks (4 LDS.32 per k16),
-//    and C slot n of block j is column 8n + ORDER[j]: each thread ends up holding 16 adjacent columns.
-//  * Marlin ([K/16, 2N], public IST-DASLab layout): lane i's 16-byte vector holds the fragments of the
-//    4 16x16 tiles of its 64 columns; n8 block m is column 8m + slot (plain).
+// Weight formats: everything format-specific (where a thread's weights, scales and zero points lie, how they are
+// dequantised, which column a C slot is) comes from WeightFormat<LAYOUT> (formats.cuh).
 //
 // Split-K across blocks (gridDim.z > 1) writes fp32 partials to the workspace; the last block of a tile to
 // arrive (per-tile counter) adds them in split order (deterministic), writes C and resets the counter.
@@ -24,43 +19,20 @@
 // Preconditions (checked on the host before launch): N % 64 == 0, K % 32 == 0, K % G == 0, G >= 32,
 // 16-byte aligned A, C, weights, scales, zeros; 4-byte aligned bias; splits <= number of k-tiles.
 #pragma once
+#include "launch.h"
 #include "tiles.cuh"
 
 namespace w4a16 {
 
-struct GemmArgs {
-    const void *A;       // [M, K]
-    const uint32_t *B;   // AWQ [K, N/8] or Marlin [K/16, 2N]
-    const void *scales;  // [K/G, N] (Marlin: permuted)
-    const uint32_t *zeros; // [K/G, N/8] or nullptr (symmetric, zero point 8)
-    const void *bias;    // [N] or nullptr
-    void *C;             // [M, N]
-    int M, N, K;
-    int gshift;          // group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two
-    int stages;
-    int *counters;       // workspace: per-tile arrival counters (zero between calls)
-    float4 *partials;    // workspace: split partial sums
-    int marlin_channelwise; // Marlin scales permuted in chunks of 32 (G == K)
-    int reduce_dtype;       // split-K partials rounded to T (W4A16_FLAG_REDUCE_IN_DTYPE) instead of kept in fp32
-    int pdl;                // programmatic dependent launch (W4A16_FLAG_PDL): weights are read before pdl_wait
-};
+// The kernels' argument: one struct, filled by the host (kernels/launch.h) and passed by value.
+using GemmArgs = w4a16_gemm_args;
 
-// Host: launches a GEMM kernel, with programmatic stream serialization when a.pdl (W4A16_FLAG_PDL, sm_90+).
-template <typename Kernel>
-cudaError_t launch_gemm_grid(Kernel kern, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-                             const GemmArgs &a) {
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = dim3(threads);
-    c.dynamicSmemBytes = smem_bytes;
-    c.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = at;
-    c.numAttrs = a.pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&c, kern, a);
-}
+// One compiled GEMM kernel: its entry point, threads per block and (wgmma configs) its own dynamic shared memory.
+struct GemmKernelRef {
+    void (*fn)(GemmArgs) = nullptr;
+    int threads = 0;
+    int smem_bytes = 0;
+};
 
 // ---- pieces both GEMM kernels (this one and gemm_sm90.cuh) share
 
@@ -223,7 +195,7 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
     if (!last_arrival(p.counters, tile, splits, tid, sync)) return false;
     if constexpr (NSLOT <= 8) {
         // U splits' partials of every slot are loaded before any is added, so that U x NSLOT (16) loads are in flight
-        // instead of one chain per slot paying the L2 latency once per split (v18). The sums build up in the slots
+        // instead of one chain per slot paying the L2 latency once per split. The sums build up in the slots
         // themselves (no second set of registers) and in split order (deterministic).
         constexpr int U = 16 / NSLOT > 4 ? 4 : 16 / NSLOT;
 #pragma unroll
@@ -367,7 +339,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         }
     }
     cp_async_wait_all();
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
 
     // ---- K-split warps: add partial sums through shared memory
     const int warp_mn = warp % WMN;
@@ -401,7 +373,9 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             const int row = row_base + mt * 16 + r + 8 * h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ && NH == 1) {
+            // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot are 8
+            // adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2 (Marlin).
+            if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
                 // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
                 __align__(16) T out[16];
 #pragma unroll
@@ -416,7 +390,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                 }
                 reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
                 reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
-            } else if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+            } else if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT) {
                 // half of the blocks: every other column of 16q .. 16q + 15
 #pragma unroll
                 for (int j = 0; j < NB; j++)
@@ -428,8 +402,9 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                         crow[c] = D::from_float(v);
                     }
             } else {
+                static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT, "the C store needs one of the two patterns");
 #pragma unroll
-                for (int j = 0; j < NB; j++) {
+                for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1: one paired store
                     int c = 8 * (j0 + j) + 2 * q;
                     float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
                     if (bias) {
@@ -444,17 +419,6 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             }
         }
     }
-}
-
-// Host-side launch of one instance; returns the CUDA error of the launch (no synchronisation).
-template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
-cudaError_t launch_gemm(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
-    constexpr int BM = 16 * MT * WM, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
-    dim3 grid((a.M + BM - 1) / BM, (a.N + BN - 1) / BN, splits);
-    return launch_gemm_grid(kern, grid, 32 * WM * NH * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -49,9 +49,10 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     constexpr int THREADS = 32 * WN * WK, BM = 16, BN = 64 * WN, BK = 16 * WK * KS;
     using ATile = ActTile<T, BM, BK, THREADS>;
     using WTile = WeightTile<T, LAYOUT, BN, BK, 1, THREADS>;
+    using F = WeightFormat<LAYOUT>;
     constexpr int A_BYTES = ATile::BYTES, STAGE_BYTES = A_BYTES + WTile::BYTES;
-    // Marlin fp16: k rows 8-15 of a register are high nibbles (16 q): their activations are divided by 16.
-    constexpr bool PRESCALE = LAYOUT == W4A16_LAYOUT_MARLIN && D::HI_IN_PLACE;
+    // k rows 8-15 of a register in high nibbles, read in place (16 q): their activations are divided by 16.
+    constexpr bool PRESCALE = F::HIGH_K_IN_HIGH_NIBBLES && D::HI_IN_PLACE;
     static_assert(16 * KS <= 128, "the raw sums are folded at least every 128 k");
 
     extern __shared__ __align__(16) unsigned char smem[];
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     copy.plan(p, m0, n0, tid);
     const int kt_begin = copy.kt_begin, nk = copy.nk, gshift = copy.gshift, g_last = copy.g_last;
 
-    // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); cidx 2i + row indexes their constants.
-    //   Marlin: blocks 2i, 2i + 1 (columns 16 i + g, 16 i + 8 + g); AWQ: blocks i, i + 4 (columns 8 g + 2i, 8 g + 2i + 1).
+    // Pair i of this warp's 64 channels is MMA rows g (A) and g + 8 (B); constant c = 2i + row is column
+    // F::decode_column(g, c).
     float acc[4][TB][4], raw[4][TB][4], cor[TB][4]; // cor: C1 (tokens 2t, 2t + 1), SA (tokens 2t, 2t + 1)
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -94,15 +95,15 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
         const T *sS = reinterpret_cast<const T *>(st + A_BYTES + WTile::B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ =
             reinterpret_cast<const uint32_t *>(st + A_BYTES + WTile::B_BYTES + WTile::S_BYTES) + sl * (BN / 8) + wn * 8;
-        // Scale of constant c: Marlin block c (grouped: half-word c of positions 8g..8g+7); AWQ column 8g + c.
+        // Scale of constant c: half-word c of positions 8g .. 8g + 7 (grouped scales of both formats).
         uint32_t sw[4];
-        if (LAYOUT == W4A16_LAYOUT_MARLIN && p.marlin_channelwise) {
+        if (F::CHANNELWISE_PERM && p.marlin_channelwise) {
             const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int m = 2 * c; // blocks m, m + 1 (scale_perm_single, as in WeightTile::group)
-                const uint32_t a = s16[32 * (m / 4) + 8 * (g / 2) + 2 * (m % 4) + (g % 2)];
-                const uint32_t b = s16[32 * ((m + 1) / 4) + 8 * (g / 2) + 2 * ((m + 1) % 4) + (g % 2)];
+                const int m = 2 * c; // blocks m, m + 1 (as in WeightTile::group)
+                const uint32_t a = s16[F::channelwise_scale_pos(m, g)];
+                const uint32_t b = s16[F::channelwise_scale_pos(m + 1, g)];
                 sw[c] = a | (b << 16);
             }
         } else {
@@ -113,9 +114,8 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
 #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int i = c / 2, row = c % 2;
-            // zero nibble: Marlin block c at awq_reverse(c); AWQ block i (+4 for row B) at its own index
-            const int nib = LAYOUT == W4A16_LAYOUT_AWQ ? i + 4 * row : awq_reverse(c);
-            const int u = LAYOUT == W4A16_LAYOUT_AWQ && (i & 1) ? Dq::HI_MUL : 1;
+            const int nib = F::decode_zero_nibble(i, row, c);
+            const int u = F::template decode_weight_scale<Dq::HI_MUL>(i);
             const auto s2 = D::from_bits(sw[c / 2]);
             const float cs = D::to_float(row ? s2.y : s2.x) * (1.0f / u);
             const float cz = (float)(((zw >> (4 * nib)) & 0xF) * u);
@@ -161,20 +161,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             uint32_t a[4];
-            if constexpr (LAYOUT == W4A16_LAYOUT_MARLIN) {
-                const uint32_t w = fb[i];
-                a[0] = Dq::lo(w); a[1] = Dq::lo(w >> 8); a[2] = Dq::hi(w); a[3] = Dq::hi(w >> 8);
-            } else {
-                // nibbles 0-3 of the row words are blocks 0-3, nibbles 4-7 blocks 4-7; block i is nibble i % 2 of byte i / 2
-                const uint32_t lo01 = prmt(fb[0], fb[1], 0x5410), hi01 = prmt(fb[0], fb[1], 0x7632);
-                const uint32_t lo89 = prmt(fb[2], fb[3], 0x5410), hi89 = prmt(fb[2], fb[3], 0x7632);
-                const int sh = 8 * (i / 2);
-                if (i % 2 == 0) {
-                    a[0] = Dq::lo(lo01 >> sh); a[1] = Dq::lo(hi01 >> sh); a[2] = Dq::lo(lo89 >> sh); a[3] = Dq::lo(hi89 >> sh);
-                } else {
-                    a[0] = Dq::hi(lo01 >> sh); a[1] = Dq::hi(hi01 >> sh); a[2] = Dq::hi(lo89 >> sh); a[3] = Dq::hi(hi89 >> sh);
-                }
-            }
+            F::template decode_operand<Dq>(fb, i, a);
 #pragma unroll
             for (int b = 0; b < TB; b++) D::mma(raw[i][b], a, bt[b]);
         }
@@ -210,7 +197,7 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
         }
     }
     cp_async_wait_all();
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
 
     // ---- K-split warps: add partial sums through shared memory
     constexpr int F4 = 4 * TB; // float4 per lane
@@ -239,33 +226,24 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
             const int row = m0 + 8 * b + 2 * t + h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) { // columns 8g .. 8g + 7: constant c is column 8g + c
+            if constexpr (F::DECODE_COLUMNS_ADJACENT) { // the 8 constants are 8 adjacent columns: one 16-byte store
                 __align__(16) T out[8];
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
                     float v = acc[c / 2][b][2 * (c % 2) + h];
-                    if (bias) v += D::to_float(bias[col_base + 8 * g + c]);
+                    if (bias) v += D::to_float(bias[col_base + F::decode_column(g, c)]);
                     out[c] = D::from_float(v);
                 }
-                *reinterpret_cast<uint4 *>(crow + 8 * g) = *reinterpret_cast<uint4 *>(out);
-            } else { // constant c is column 8c + g
+                *reinterpret_cast<uint4 *>(crow + F::decode_column(g, 0)) = *reinterpret_cast<uint4 *>(out);
+            } else {
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
                     float v = acc[c / 2][b][2 * (c % 2) + h];
-                    if (bias) v += D::to_float(bias[col_base + 8 * c + g]);
-                    crow[8 * c + g] = D::from_float(v);
+                    if (bias) v += D::to_float(bias[col_base + F::decode_column(g, c)]);
+                    crow[F::decode_column(g, c)] = D::from_float(v);
                 }
             }
         }
-}
-
-template <typename T, int LAYOUT, int WN, int WK, int KS, int MINB, int TB>
-cudaError_t launch_gemm_decode(const GemmArgs &a, int splits, int smem_bytes, cudaStream_t stream) {
-    auto kern = gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, TB>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
-    dim3 grid((a.M + 15) / 16, (a.N + 64 * WN - 1) / (64 * WN), splits);
-    return launch_gemm_grid(kern, grid, 32 * WN * WK, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
             wgmma_commit();
         }
     } while (++i < nk);
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads (v18)
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
     wgmma_wait<0>();
 #pragma unroll
     for (int ii = 0; ii < II; ii++) fence_operands(acc[ii]);
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     for (int ii = 0; ii < II; ii++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int ch = 64 * wn + weight_column<LAYOUT>(j0 + 2 * ii + h, r);
+            const int ch = 64 * wn + WeightFormat<LAYOUT>::column(j0 + 2 * ii + h, r);
             const float bv = bias && n0 + ch < N ? D::to_float(bias[n0 + ch]) : 0.f;
 #pragma unroll
             for (int c = 0; c < TM / 8; c++)
@@ -178,17 +178,6 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
             *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * N + n0 + col) =
                 *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
     }
-}
-
-template <typename T, int LAYOUT, int TM, int NH, int WG, int STAGES, int MINB, int KPB>
-cudaError_t launch_gemm_sm90(const GemmArgs &a, int splits, cudaStream_t stream) {
-    using Shape = Sm90Shape<T, LAYOUT, TM, NH, WG>;
-    auto kern = gemm_sm90_kernel<T, LAYOUT, TM, NH, WG, STAGES, MINB, KPB>;
-    const int smem_bytes = Shape::smem_bytes(STAGES);
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return e;
-    dim3 grid((a.M + TM - 1) / TM, (a.N + Shape::BN - 1) / Shape::BN, splits);
-    return launch_gemm_grid(kern, grid, Shape::THREADS, smem_bytes, stream, a);
 }
 
 } // namespace w4a16

@@ -11,8 +11,7 @@
 // across tiles: the kernel is persistent (min(tiles, SMs) blocks). One wgmma batch (4 k16 steps) runs while the next
 // is issued (wait_group 1). C leaves through shared memory by TMA store (stmatrix.trans into a swizzled box), so the
 // next tile is already loading while a warpgroup writes its results.
-// docs/PERFORMANCE.md v14: a cp.async version of this kernel ran 7-15% slower at M = 4096; v16: the producer warp,
-// persistence and the TMA-store epilogue.
+// TMA rather than cp.async: no thread spends issue slots on copies (docs/PERFORMANCE.md, "Profile and kernel choices").
 //
 // Preconditions (host): M >= 1, N a multiple of 64, K a multiple of 8 (16-byte rows), 16-byte aligned A, Wt, C and
 // ldc a multiple of 8.
@@ -190,13 +189,11 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows,
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Persistent grid: one block per SM (sm_count, the device's, from the caller), fewer when there are fewer tiles.
+// Persistent grid of `grid` blocks (the host plan: one per SM, fewer when there are fewer tiles).
 template <typename T, int TM, int WG, int STAGES>
-cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, int sm_count, cudaStream_t stream) {
+cudaError_t launch_gemm_sm90_dense(const DenseArgs &a, int grid, cudaStream_t stream) {
     using Shape = DenseShape<T, TM, WG>;
     const int smem_bytes = Shape::smem_bytes(STAGES);
-    const int tiles = ((a.M + TM - 1) / TM) * ((a.N + Shape::BN - 1) / Shape::BN);
-    const int grid = tiles < sm_count ? tiles : sm_count;
     CUtensorMap ma, mw, mc;
     cudaError_t e = make_tensor_map<T>(&ma, a.A, a.M, a.K, a.K, TM);
     if (e == cudaSuccess) e = make_tensor_map<T>(&mw, a.W, a.N, a.K, a.K, Shape::BN);

@@ -11,40 +11,80 @@
 extern "C" {
 #endif
 
-typedef struct w4a16_gemm_launch {
-    const void *A, *B, *scales, *zeros, *bias;
-    void *C;
+/* The GEMM kernels' argument, passed by value to every GEMM kernel exactly as the host fills it. */
+typedef struct w4a16_gemm_args {
+    const void *A;          /* [M, K] */
+    const uint32_t *B;      /* AWQ [K, N/8] or Marlin [K/16, 2N] */
+    const void *scales;     /* [K/G, N] (Marlin: permuted) */
+    const uint32_t *zeros;  /* [K/G, N/8], or NULL (symmetric: zero point 8) */
+    const void *bias;       /* [N] or NULL */
+    void *C;                /* [M, N] */
     int M, N, K;
-    int gshift;              /* log2(G) with G resolved (K for one group); 31 when G = K is not a power of two */
-    int dtype, layout;       /* w4a16_dtype, W4A16_LAYOUT_* */
-    int cfg, stages, splits; /* tile config id, pipeline depth, K splits across blocks */
-    int smem_bytes;
-    int marlin_channelwise;
-    int reduce_dtype;        /* W4A16_FLAG_REDUCE_IN_DTYPE */
-    int pdl;                 /* W4A16_FLAG_PDL on a device that has it (compute capability 9.0 and up) */
-    int wgmma;               /* 1 + id of W4A16_WGMMA_CONFIGS: the sm_90a wgmma kernel (cfg, stages, smem_bytes unused) */
-    void *counters, *partials; /* workspace parts; unused when splits == 1 */
+    int gshift;             /* group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two */
+    int stages;             /* pipeline stages of the mma.sync kernels */
+    int *counters;          /* workspace: per-tile arrival counters (zero between calls) */
+#ifdef __CUDACC__
+    float4 *partials;       /* workspace: split-K partial sums */
+#else
+    void *partials;
+#endif
+    int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
+    int reduce_dtype;       /* split-K partials rounded to the dtype (W4A16_FLAG_REDUCE_IN_DTYPE), not kept in fp32 */
+    int pdl;                /* programmatic dependent launch (W4A16_FLAG_PDL): weights are read before the wait */
+} w4a16_gemm_args;
+
+/* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
+ * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), or the staged path (dequantise, then dense wgmma). */
+#define W4A16_KERNEL_KINDS(X) X(DECODE8, "decode-8") X(DECODE16, "decode-16") X(MMA, "mma.sync") \
+    X(WGMMA, "wgmma") X(STAGED, "staged")
+typedef enum w4a16_kernel_kind {
+#define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
+    W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)
+#undef W4A16_KIND_ENUM_
+} w4a16_kernel_kind;
+
+/* One GEMM call's launch, decided once on the host (csrc/plan.c); the kernels follow it without deciding again. */
+typedef struct w4a16_plan {
+    int kind;          /* w4a16_kernel_kind */
+    int cfg;           /* W4A16_GEMM_CONFIGS id (decode / mma.sync kinds) or W4A16_WGMMA_CONFIGS id (wgmma) */
+    int stages;        /* pipeline stages (mma.sync kinds; a wgmma config has its own) */
+    int splits;        /* K splits across blocks (grid z) */
+    int grid[3];       /* blocks along M, N, K splits; staged: the dense GEMM's blocks for a full slab */
+    int threads;       /* threads per block */
+    int smem_bytes;    /* dynamic shared memory per block (mma.sync kinds; 0: the wgmma config's own) */
+    int blocks_per_sm; /* resident blocks per SM the K split was sized for */
+    int slab_channels; /* staged: channels dequantised per slab */
+    int carveout;      /* shared-memory carveout (percent) that emulates a smaller SM, or -1 (the device's own) */
+} w4a16_plan;
+
+typedef struct w4a16_gemm_launch {
+    w4a16_gemm_args args;
+    int dtype, layout; /* w4a16_dtype, W4A16_LAYOUT_* */
+    w4a16_plan plan;
     void *stream;
 } w4a16_gemm_launch;
 
 int w4a16_launch_gemm(const w4a16_gemm_launch *a);
+/* Resident blocks per SM the device gives the plan's kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor, with the
+ * plan's shared memory and carveout set on the kernel as a launch sets them). */
+int w4a16_gemm_occupancy(const w4a16_gemm_launch *a, int *blocks_per_sm);
 /* cudaFuncGetAttributes on one GEMM instance: loads its image, so it tells whether this GPU can run it. */
 int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version);
-/* Loads every sm_90a wgmma GEMM image (the dense one of the staged path too): cudaSuccess only on a device that runs them (compute capability 9.0)
- * and in a build that holds them (ARCHS includes 90). */
+/* Loads every sm_90a wgmma GEMM image (the dense one of the staged path too): cudaSuccess only on a device that runs
+ * them (compute capability 9.0) and in a build that holds them (ARCHS includes 90). */
 int w4a16_probe_gemm_wgmma(void);
 /* Largest shared memory per block of the wgmma GEMM tiles (0 when they are not compiled in). */
 int w4a16_gemm_wgmma_smem_bytes(void);
 
 /* The staged large-M path (sm_90a only): Wt[nc, K] (dtype) = dequant(AWQ or Marlin tensors) of channels n0 .. n0 + nc - 1
  * (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]) on a
- * persistent grid of at most sm_count blocks. */
+ * persistent grid of `grid` blocks. */
 int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *Wt, int K,
                                int N, int G, int n0, int nc, int dtype, void *stream);
 int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *scales, const int32_t *zeros, void *Wt, int K,
                                   int N, int gshift, int channelwise, int n0, int nc, int dtype, void *stream);
 int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K, int ldc,
-                            int dtype, int sm_count, void *stream);
+                            int dtype, int grid, void *stream);
 
 int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
                              int K, int N, int G, int dtype, void *stream);

@@ -4,20 +4,17 @@
 //  * ActTile: BM rows x BK columns of A, 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r & 7)).
 //    With BK = 64 that is exactly the 128-byte-swizzled K-major layout wgmma reads through a descriptor, and
 //    what ldmatrix reads without bank conflicts in the mma.sync kernel.
-//  * WeightTile: BN columns x BK rows of packed int4 weights (AWQ or Marlin layout), the scale rows and
+//  * WeightTile: BN columns x BK rows of packed int4 weights in a weight format (formats.cuh), the scale rows and
 //    zero-point rows of the groups the stage touches. A warp owns NB = 8 / NH n8 column blocks of one 64-column
-//    group (a half or a quarter of it when NH = 2 or 4). Per k16 step it produces, for each block j, the two k-pair registers of
-//    the m16n8k16 B fragment: k rows 2q, 2q+1 and 2q+8, 2q+9 of column slot r (q = lane % 4, r = lane / 4).
-//    Slot r of block j is column column(j, r) of the 64-column group:
-//      AWQ    (qweight [K, N/8], nibble i of word c = column 8c + ORDER[i]): the thread reads word r, so block j
-//             is nibble j: column 8r + ORDER[j].
-//      Marlin ([K/16, 2N], public IST-DASLab layout): lane i's 16 bytes hold the fragments of the 4 16x16 tiles
-//             of its 64 columns: column 8j + r.
+//    group (a half or a quarter of it when NH = 2 or 4). Per k16 step it produces, for each block j, the two k-pair
+//    registers of the m16n8k16 B fragment: k rows 2q, 2q+1 and 2q+8, 2q+9 of column slot r (q = lane % 4,
+//    r = lane / 4), which is column WeightFormat::column(j, r) of the 64-column group.
 //    The same registers are the A fragment of a wgmma m64k16 when output channels are the MMA's rows (the
 //    sm_90a kernel): rows r and r + 8 of a warp's 16 rows are blocks 2i and 2i + 1.
 #pragma once
 #include "common.cuh"
 #include "configs.h"
+#include "formats.cuh"
 
 namespace w4a16 {
 
@@ -100,37 +97,30 @@ template <typename T, int BM, int BK, int THREADS> struct ActTile {
     }
 };
 
-// Column of slot `slot` of n8 block `j` inside a 64-column group.
-template <int LAYOUT> __device__ __forceinline__ int weight_column(int j, int slot) {
-    return LAYOUT == W4A16_LAYOUT_AWQ ? 8 * slot + awq_order(j) : 8 * j + slot;
-}
-
 template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct WeightTile {
+    using F = WeightFormat<LAYOUT>;
     static constexpr int NB = 8 / NH;       // n8 blocks per warp
     static constexpr int SLOTS = BK / 32;   // scale rows a stage can need (G >= 32)
-    static constexpr int SB_AWQ = BN / 8 + 4; // padded words per AWQ row: a fragment's 4 row loads hit distinct banks
-    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB_AWQ * 4 : (BK / 16) * 2 * BN * 4;
+    static constexpr int SROW = F::row_words(BN) + F::PAD_WORDS; // words per shared-memory row
+    static constexpr int ROWS = BK / F::KROW;                     // stored rows per stage
+    static constexpr int B_BYTES = ROWS * SROW * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     static constexpr int BYTES = B_BYTES + S_BYTES + Z_BYTES;
-    static constexpr int CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2; // 16-byte chunks per smem row
-    static constexpr int ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
+    static constexpr int CPR = F::row_words(BN) / 4; // 16-byte chunks per smem row
     static constexpr int CHUNKS = ROWS * CPR, PER = (CHUNKS + THREADS - 1) / THREADS;
     static_assert(SLOTS * (BN / 8) <= THREADS, "one thread per scale chunk");
 
-    // ---- producer: a per-thread copy plan fixed for the whole K loop. When every thread copies the same number of
-    // chunks, all in one 16-byte column and RSTEP smem rows apart (every tile this library compiles), the plan is one
-    // source pointer, one shared-memory offset and one flag for the column: a stage inside K costs an address add per
-    // chunk and no bounds check. The general plan keeps a pointer, k and offset per chunk.
-    static constexpr int KROW = LAYOUT == W4A16_LAYOUT_AWQ ? 1 : 16; // k rows per smem row
-    static constexpr int ROW_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? SB_AWQ * 4 : 2 * BN * 4;
-    static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CPR == 0;
-    static constexpr int RSTEP = UNIFORM ? THREADS / CPR : 1;
-    static constexpr int NP = UNIFORM ? 1 : PER;
-    const uint32_t *src[NP];
-    int k[NP]; // uniform: k of the thread's first chunk (< 0: its column lies past N); else per chunk, < 0 when unused
-    uint32_t dst[NP];
+    // ---- producer: a per-thread copy plan fixed for the whole K loop. Every thread copies the same number of chunks,
+    // all in one 16-byte column and RSTEP smem rows apart, so the plan is one source pointer, one shared-memory offset
+    // and one flag for the column: a stage inside K costs an address add per chunk and no bounds check.
+    static constexpr int KROW = F::KROW, ROW_BYTES = SROW * 4;
+    static_assert(CHUNKS % THREADS == 0 && THREADS % CPR == 0, "each thread copies whole chunks of one column");
+    static constexpr int RSTEP = THREADS / CPR;
+    const uint32_t *src;
+    int k; // k of the thread's first chunk; < 0: its column lies past N
+    uint32_t dst;
     size_t stride;  // words between stages
-    size_t cstride; // uniform: words between a thread's chunks
+    size_t cstride; // words between a thread's chunks
 
     // Scale / zero-point rows: thread tid < slots_used * BN / 8 copies one 16-byte chunk of scales (slot s_sl), and
     // tid < slots_used * BN / 32 one of zero points (slot z_sl); src points at the chunk's column in group 0, and is
@@ -154,48 +144,27 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
             z_src = Z && tid < slots_used * (BN / 32) && col < N ? Z + col / 8 : nullptr;
             z_dst = B_BYTES + S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
         }
-        const size_t rowstride = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)(N / 8) : (size_t)(2 * N);
-        stride = (size_t)(BK / KROW) * rowstride;
-        cstride = (size_t)RSTEP * rowstride;
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-            int c = tid + i * THREADS, row = c / CPR, ch = c % CPR;
-            bool on = c < CHUNKS;
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                on = on && n0 + ch * 32 < N;
-                src[i] = B + (on ? (size_t)(k_begin + row) * (N / 8) + (n0 + ch * 32) / 8 : 0);
-                dst[i] = (row * SB_AWQ + ch * 4) * 4;
-            } else {
-                on = on && 2 * n0 + ch * 4 < 2 * N;
-                src[i] = B + (on ? (size_t)(k_begin / 16 + row) * (2 * N) + 2 * n0 + ch * 4 : 0);
-                dst[i] = (row * (2 * BN) + ch * 4) * 4;
-            }
-            k[i] = on ? k_begin + row * KROW : -1;
-        }
+        F::template plan_copy<BK, RSTEP, CPR, CHUNKS, SROW>(B, N, n0, k_begin, tid, stride, cstride, src, dst, k);
     }
     // Copies the stage starting at k0 (a multiple of BK) into `st`: weights, then the scale / zero-point rows of
     // the groups it touches (clamped to the last group).
     __device__ __forceinline__ void issue(unsigned char *st, const uint32_t *B, int N, int K, int k0, int gshift,
                                           int g_last) {
-        if constexpr (UNIFORM) {
-            if (k[0] >= 0) { // the thread's column lies inside N
-                unsigned char *d = st + dst[0];
-                const uint32_t *s = src[0];
-                if (k0 + BK <= K) { // the whole stage lies inside K
+        if (k >= 0) { // the thread's column lies inside N
+            unsigned char *d = st + dst;
+            const uint32_t *s = src;
+            if (k0 + BK <= K) { // the whole stage lies inside K
 #pragma unroll
-                    for (int i = 0; i < PER; i++) cp_async16_weights(d + i * RSTEP * ROW_BYTES, s + i * cstride);
-                } else { // K tail: rows past K are zero-filled
+                for (int i = 0; i < PER; i++) cp_async16_weights(d + i * RSTEP * ROW_BYTES, s + i * cstride);
+            } else { // K tail: rows past K are zero-filled
 #pragma unroll
-                    for (int i = 0; i < PER; i++) {
-                        const bool ok = k[0] + i * RSTEP * KROW < K;
-                        cp_async16(d + i * RSTEP * ROW_BYTES, ok ? s + i * cstride : B, ok);
-                    }
+                for (int i = 0; i < PER; i++) {
+                    const bool ok = k + i * RSTEP * KROW < K;
+                    cp_async16(d + i * RSTEP * ROW_BYTES, ok ? s + i * cstride : B, ok);
                 }
-                src[0] += stride;
-                k[0] += BK;
             }
-        } else {
-            issue_plan<BK>(st, src, k, dst, stride, K, B);
+            src += stride;
+            k += BK;
         }
         const int g0 = k0 >> gshift;
         if (s_src) cp_async16(st + s_dst, s_src + (size_t)min(g0 + s_sl, g_last) * N, true);
@@ -204,7 +173,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
 
     // ---- consumer: one warp's view (64-column group wn, half wh)
     GroupConst<T> gc[NB];
-    uint32_t fb[2][4]; // raw packed weights: AWQ rows 2q, 2q+1, 2q+8, 2q+9 of word r; Marlin the lane's 16 bytes
+    uint32_t fb[2][4]; // raw packed weights of two k16 steps (WeightFormat::fetch)
 
     // Per-group constants of this thread's NB blocks from scale / zero slot `sl` of stage `st`.
     __device__ __forceinline__ void group(const unsigned char *st, int sl, int wn, int wh, int lane, bool has_zeros,
@@ -213,18 +182,14 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
         const T *sS = reinterpret_cast<const T *>(st + B_BYTES) + sl * BN + wn * 64;
         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
         uint32_t s[8]; // scale of block m in both half-words
-        if (LAYOUT == W4A16_LAYOUT_MARLIN && marlin_channelwise) {
-            // scale_perm_single: within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
-            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
-#pragma unroll
-            for (int m = 0; m < 8; m++) s[m] = prmt(s16[32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2)], 0u, 0x1010u);
+        if (F::CHANNELWISE_PERM && marlin_channelwise) {
+            F::template channelwise_scales<T>(sS, r, s);
         } else {
-            // AWQ: block j <-> column 8r + ORDER[j]; Marlin grouped: position 8r + m holds column r + 8m.
             uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
             const uint32_t w[4] = {v.x, v.y, v.z, v.w}; // no local-memory copy of v: constant indices only
 #pragma unroll
             for (int m = 0; m < 8; m++) {
-                const int c = LAYOUT == W4A16_LAYOUT_AWQ ? awq_order(m) : m;
+                const int c = F::scale_index(m);
                 s[m] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u); // one byte permute per scale pair
             }
         }
@@ -232,7 +197,7 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
 #pragma unroll
         for (int jj = 0; jj < NB; jj++) {
             const int m = j0 + jj;
-            uint32_t z = (zw >> (4 * (LAYOUT == W4A16_LAYOUT_AWQ ? m : awq_reverse(m)))) & 0xF;
+            uint32_t z = (zw >> (4 * F::zero_nibble(m))) & 0xF;
             uint32_t sv = s[jj]; // selected with constant indices: a run-time index would put s in local memory
 #pragma unroll
             for (int w = 1; w < NH; w++)
@@ -243,62 +208,12 @@ template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct We
 
     // Raw packed words of k16 step kk (of the stage) into buffer `buf`.
     __device__ __forceinline__ void fetch(const unsigned char *st, int kk, int wn, int wh, int lane, int buf) {
-        const uint32_t *sB = reinterpret_cast<const uint32_t *>(st);
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            const int q = lane & 3, r = lane >> 2;
-            const uint32_t *rowp = sB + (kk * 16 + 2 * q) * SB_AWQ + wn * 8 + r;
-            fb[buf][0] = rowp[0];
-            fb[buf][1] = rowp[SB_AWQ];
-            fb[buf][2] = rowp[8 * SB_AWQ];
-            fb[buf][3] = rowp[9 * SB_AWQ];
-        } else if constexpr (NH == 1) {
-            uint4 v = reinterpret_cast<const uint4 *>(sB + kk * (2 * BN) + wn * 128)[lane];
-            fb[buf][0] = v.x; fb[buf][1] = v.y; fb[buf][2] = v.z; fb[buf][3] = v.w;
-        } else if constexpr (NH == 2) { // this warp's half of the lane's 16 bytes: tiles 2wh, 2wh+1
-            uint2 v = reinterpret_cast<const uint2 *>(sB + kk * (2 * BN) + wn * 128 + lane * 4 + 2 * wh)[0];
-            fb[buf][0] = v.x; fb[buf][1] = v.y;
-        } else { // NH == 4: tile wh
-            fb[buf][0] = sB[kk * (2 * BN) + wn * 128 + lane * 4 + wh];
-        }
+        F::template fetch<NH, SROW>(reinterpret_cast<const uint32_t *>(st), kk, wn, wh, lane, fb[buf]);
     }
 
     // Dequantised B fragments of the NB blocks from buffer `buf`.
     __device__ __forceinline__ void dequant(int buf, int wh, uint32_t b[NB][2]) const {
-        if constexpr (LAYOUT == W4A16_LAYOUT_AWQ && NH == 4) {
-            // blocks 2wh, 2wh + 1: byte wh of each row word (nibbles 2wh, 2wh + 1)
-            const uint32_t sel = wh >= 2 ? 0x7632u : 0x5410u, sh = 8 * (wh & 1);
-            uint32_t x0 = prmt(fb[buf][0], fb[buf][1], sel) >> sh, x8 = prmt(fb[buf][2], fb[buf][3], sel) >> sh;
-            b[0][0] = dq_lo<T>(x0, gc[0]);
-            b[0][1] = dq_lo<T>(x8, gc[0]);
-            b[1][0] = dq_hi<T>(x0, gc[1]);
-            b[1][1] = dq_hi<T>(x8, gc[1]);
-        } else if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-            // nibbles 0-3 of each row word are blocks 0-3 (low half-words), nibbles 4-7 blocks 4-7
-            const uint32_t sel_lo = NH == 1 ? 0x5410u : (wh ? 0x7632u : 0x5410u);
-            uint32_t lo01 = prmt(fb[buf][0], fb[buf][1], sel_lo), hi01 = prmt(fb[buf][0], fb[buf][1], 0x7632);
-            uint32_t lo89 = prmt(fb[buf][2], fb[buf][3], sel_lo), hi89 = prmt(fb[buf][2], fb[buf][3], 0x7632);
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                uint32_t x0 = (j < 4 ? lo01 : hi01) >> (8 * ((j % 4) / 2));
-                uint32_t x8 = (j < 4 ? lo89 : hi89) >> (8 * ((j % 4) / 2));
-                if (j % 2 == 0) {
-                    b[j][0] = dq_lo<T>(x0, gc[j]);
-                    b[j][1] = dq_lo<T>(x8, gc[j]);
-                } else {
-                    b[j][0] = dq_hi<T>(x0, gc[j]);
-                    b[j][1] = dq_hi<T>(x8, gc[j]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int t = 0; t < NB / 2; t++) {
-                uint32_t w = fb[buf][t];
-                b[2 * t][0] = dq_lo<T>(w, gc[2 * t]);
-                b[2 * t][1] = dq_hi<T>(w, gc[2 * t]);
-                b[2 * t + 1][0] = dq_lo<T>(w >> 8, gc[2 * t + 1]);
-                b[2 * t + 1][1] = dq_hi<T>(w >> 8, gc[2 * t + 1]);
-            }
-        }
+        F::template dequant<T, NH, NB>(fb[buf], wh, gc, b);
     }
 };
 

@@ -6,7 +6,7 @@
 typedef struct w4a16_layer {
     const char *name;
     int K, N;
-    int family; /* 0: in targets.md (llama3-8b, qwen2.5-72b); 1: other full models; 2: tensor-parallel-2 shards */
+    int family; /* 0: the performance targets' layers (llama3-8b, qwen2.5-72b); 1: other full models; 2: TP=2 shards */
 } w4a16_layer;
 
 static const w4a16_layer w4a16_layers[] = {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../csrc/reference.h"
+#include "ref/reference.h"
 #include "w4a16.h"
 
 static _Alignas(256) unsigned char arena[1 << 16];

@@ -5,6 +5,7 @@
 #include "../kernels/launch.h"
 
 int w4a16_launch_gemm(const w4a16_gemm_launch *a) { (void)a; abort(); }
+int w4a16_gemm_occupancy(const w4a16_gemm_launch *a, int *b) { (void)a; (void)b; abort(); }
 int w4a16_probe_gemm(int dtype, int layout, int cfg, int *bv) { (void)dtype; (void)layout; (void)cfg; (void)bv; abort(); }
 int w4a16_probe_gemm_wgmma(void) { abort(); }
 int w4a16_gemm_wgmma_smem_bytes(void) { abort(); }

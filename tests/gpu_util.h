@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../csrc/reference.h"
+#include "ref/reference.h"
 #include "w4a16.h"
 
 #define GPU_CHECK(x)                                                                                  \

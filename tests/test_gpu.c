@@ -291,7 +291,7 @@ static void test_selfref_staged_vs_fused(void **state) {
     gpu_layer_free(&L);
 }
 
-/* Every real layer shape of targets.md (and the TP shards), both paths, G = 128. */
+/* Every real layer shape of tests/cases.h (and the TP shards), both paths, G = 128. */
 static void test_gemm_real_layers(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -488,6 +488,48 @@ static void test_forced_profiles(void **state) {
         char what[64];
         snprintf(what, sizeof what, "profile %s", names[p]);
         stats_print(what, &st);
+    }
+    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+}
+
+/* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
+ * mma.sync kernels never get more resident blocks than the profile's SM holds by shared memory (a forced sm120 on an
+ * H100 is held to an sm_120 SM's 100 KB by a carveout), and every kernel gets at least the blocks its K split counts
+ * on (cudaOccupancyMaxActiveBlocksPerMultiprocessor, through w4a16_gemm_plan). */
+static void test_plan_occupancy(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const char *const *names = w4a16_profile_names();
+    const int ms[] = {1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 1024};
+    int dev_smem_per_sm = 0;
+    GPU_CHECK(cudaDeviceGetAttribute(&dev_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    for (int p = 0; names[p]; p++) {
+        w4a16_status s = w4a16_force_profile(names[p]);
+        if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
+        assert_int_equal(s, W4A16_OK);
+        int plans = 0, emulated = 0, below = 0;
+        for (int l = 0; l < W4A16_NUM_LAYERS; l++)
+            for (int m = 0; m < (int)(sizeof ms / sizeof ms[0]); m++)
+                for (int marlin = 0; marlin < 2; marlin++)
+                    for (int d = 0; d < 2; d++) {
+                        w4a16_gemm_plan_info pi;
+                        W4_CHECK(w4a16_gemm_plan(marlin, ms[m], w4a16_layers[l].N, w4a16_layers[l].K, 128, dtypes[d],
+                                                 workspace_bytes, &pi));
+                        if (strcmp(pi.kernel, "staged") == 0) continue;
+                        if (pi.occupancy < pi.blocks_per_sm ||
+                            (pi.smem_blocks_per_sm > 0 && pi.occupancy > pi.smem_blocks_per_sm))
+                            fail_msg("profile %s, %s M=%d: the GPU gives %d blocks per SM; the plan counts on %d and "
+                                     "the profile's SM holds %d (%s)", names[p], w4a16_layers[l].name, ms[m],
+                                     pi.occupancy, pi.blocks_per_sm, pi.smem_blocks_per_sm, pi.text);
+                        emulated += pi.carveout >= 0;
+                        below += pi.smem_blocks_per_sm > 0 && pi.occupancy == pi.smem_blocks_per_sm;
+                        plans++;
+                    }
+        printf("  profile %-5s: %d plans, %d with a carveout, %d held by shared memory\n", names[p], plans, emulated,
+               below);
+        /* sm_120 / sm_121 SMs have 100 KB: on a GPU with more, the forced profile is emulated */
+        if ((strcmp(names[p], "sm120") == 0 || strcmp(names[p], "sm121") == 0) && dev_smem_per_sm > 100 * 1024)
+            assert_int_equal(emulated, plans);
     }
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
 }
@@ -1010,6 +1052,7 @@ int main(void) {
         cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_act_order_shard),
         cmocka_unit_test(test_forced_profiles),
+        cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),
         cmocka_unit_test(test_reduce_in_dtype),

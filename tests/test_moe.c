@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "gpu_util.h"
-#include "../csrc/moe_ref.h"
+#include "ref/moe_ref.h"
 
 static uint64_t seed;
 static char skip_reason[512];

@@ -1,7 +1,7 @@
-/* The architecture profiles as data (csrc/device.c, compiled into this test with the kernel launches stubbed; and the
- * staged path's slab width from csrc/api.c): every
- * profile's tiles fit the shared memory its architecture offers per block (the 99 KB of sm_86/89/120/121 is the trap of
- * targets.md: a Hopper tile fails to launch there), every config it names exists, and every fallback chain ends. */
+/* The architecture profiles as data (csrc/profiles.c, compiled into this test with the kernel launches stubbed; and the
+ * staged path's slab width from csrc/plan.c): every
+ * profile's tiles fit the shared memory its architecture offers per block (the 99 KB of sm_86/89/120/121 is the trap:
+ * a Hopper tile fails to launch there), every config it names exists, and every fallback chain ends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -81,7 +81,7 @@ static void test_staged_slab_width(void **state) {
     assert_int_equal(w4a16_staged_slab_channels(4096, 4096, 4096, off + 127 * 4096 * 2, sms), 0); /* < one tile */
 }
 
-/* K splits (csrc/api.c): the cases of docs/PERFORMANCE.md v18 on the H100 (132 SMs, 2 blocks of the deep decode tile
+/* K splits (csrc/plan.c): the cases of docs/PERFORMANCE.md v18 on the H100 (132 SMs, 2 blocks of the deep decode tile
  * per SM, 256 k per k-tile), then the invariants over a grid of shapes: never more blocks than slots (the workspace
  * holds that many partial tiles), at most 16 splits, every split at least min_kt k-tiles. */
 static void test_choose_splits(void **state) {

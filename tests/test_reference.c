@@ -1,4 +1,4 @@
-/* CPU tests of csrc/reference.c and csrc/marlin_ref.c: packing order against hand-computed words, the
+/* CPU tests of tests/ref/reference.c and tests/ref/marlin_ref.c: packing order against hand-computed words, the
  * quantiser's error bound, and the Marlin converters against the literal formats.md implementation. */
 #include <math.h>
 #include <setjmp.h>
@@ -11,7 +11,7 @@
 #include <time.h>
 #include <cmocka.h>
 
-#include "../csrc/reference.h"
+#include "ref/reference.h"
 #include "../kernels/marlin_index.h"
 #include "marlin_literal.h"
 

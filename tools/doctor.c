@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../csrc/reference.h"
+#include "../tests/ref/reference.h"
 #include "w4a16.h"
 
 /* One small AWQ problem through both paths on the current device; returns 0 when both match the CPU. */

@@ -5,7 +5,7 @@
 #define W4A16_REFERENCE_H
 #include <stddef.h>
 #include <stdint.h>
-#include "../include/w4a16.h"
+#include "../../include/w4a16.h"
 
 #ifdef __cplusplus
 extern "C" {

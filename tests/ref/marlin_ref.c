@@ -1,6 +1,6 @@
 /* CPU twins of the Marlin converters in kernels/convert.cu (same index maps, kernels/marlin_index.h). */
 #include "reference.h"
-#include "../kernels/marlin_index.h"
+#include "../../kernels/marlin_index.h"
 
 static void repack(const int32_t *in, const int32_t *perm, int K, int N, int is_gptq, int32_t *out) {
     for (int kt = 0; kt < K / 16; kt++)

@@ -2,7 +2,7 @@
 #include "reference.h"
 #include <math.h>
 #include <string.h>
-#include "../kernels/marlin_index.h"
+#include "../../kernels/marlin_index.h"
 
 /* ---------------------------------------------------------------- 16-bit floats */
 static uint32_t f32_bits(float v) {

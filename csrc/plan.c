@@ -1,0 +1,161 @@
+/* Launch plans: one function turns (device, profile, layout, dtype, M, N, K, workspace) into the launch of a GEMM
+ * call: which kernel, which compiled tile config and pipeline depth, how many K splits, which grid. Nothing
+ * downstream decides again: kernels/dispatch.cu launches exactly this. Pure C over data, so the CPU tests
+ * (tests/test_plan.c) check the plans of GPUs this machine does not have. */
+#include <stdio.h>
+#include "internal.h"
+
+enum { MAX_SPLITS = 16 };
+
+/* K splits across blocks: only when the tiles alone leave resident block slots (SMs x the config's blocks per
+ * SM) idle; never more blocks than those slots (the workspace is sized for that), at most MAX_SPLITS, and every
+ * split keeps at least min_kt k-tiles. */
+int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt) {
+    int slots = sm_count * blocks_per_sm;
+    if (tiles * 2 > slots) return 1;
+    int s = slots / tiles;
+    if (s > num_kt / min_kt) s = num_kt / min_kt;
+    if (s > MAX_SPLITS) s = MAX_SPLITS;
+    return s < 1 ? 1 : s;
+}
+
+int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int sm_count) {
+    const size_t off = w4a16_workspace_slab_offset(sm_count);
+    long long nc = workspace_bytes > off ? (long long)((workspace_bytes - off) / ((size_t)K * 2)) : 0;
+    nc = nc >= N ? N : nc / W4A16_DENSE_BN * W4A16_DENSE_BN;
+    const long long tiles_m = (M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM;
+    return nc > 0 && tiles_m * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN) >= sm_count ? (int)nc : 0;
+}
+
+int w4a16_staged_grid(int M, int nc, int sm_count) {
+    const long long tiles = (long long)((M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM) *
+                            ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN);
+    return tiles < sm_count ? (int)tiles : sm_count;
+}
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+/* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
+static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t workspace_bytes, w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    int id = M >= p->wgmma_large_min_m ? W4A16_WGMMA_T256 : M >= p->wgmma_t128_min_m ? W4A16_WGMMA_T128
+                                                                                        : W4A16_WGMMA_T64;
+    /* few 128-token tiles leave the SMs to split-K: the 64-token tile runs two blocks per SM */
+    if (id == W4A16_WGMMA_T128 &&
+        (long long)cdiv(M, w4a16_wgmma_tm(id)) * cdiv(N, w4a16_wgmma_bn(id)) < p->wgmma_t128_min_tiles)
+        id = W4A16_WGMMA_T64;
+    /* very wide layers: the 256-channel tile halves the per-stage work per weight and still fills the SMs */
+    if (id == W4A16_WGMMA_T64 && (long long)cdiv(N, w4a16_wgmma_bn(W4A16_WGMMA_T64_WIDE)) * 2 >=
+                                     (long long)p->wgmma_wide_min_half_tiles_per_sm * st->sm_count)
+        id = W4A16_WGMMA_T64_WIDE;
+    const int tiles_m = cdiv(M, w4a16_wgmma_tm(id)), tiles_n = cdiv(N, w4a16_wgmma_bn(id));
+    pl->kind = W4A16_KERNEL_WGMMA;
+    pl->cfg = id;
+    pl->stages = w4a16_wgmma_stages(id);
+    pl->threads = w4a16_wgmma_threads(id);
+    pl->blocks_per_sm = w4a16_wgmma_minb(id);
+    if (workspace_bytes > 0)
+        pl->splits = w4a16_choose_splits(pl->blocks_per_sm, tiles_m * tiles_n, cdiv(K, 64), st->sm_count, 2);
+    pl->grid[0] = tiles_m;
+    pl->grid[1] = tiles_n;
+    pl->grid[2] = pl->splits;
+}
+
+/* The mma.sync tile of the profile's M regime, adjusted by how many tiles the layer makes on this device. */
+static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int layout, int M, int N) {
+    const w4a16_profile *p = st->profile;
+    const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
+                                  : M <= p->mid_max_m             ? &p->mid
+                                  : M <= p->mid2_max_m            ? &p->mid2
+                                  : layout == W4A16_LAYOUT_MARLIN ? &p->large
+                                                                  : &p->large_awq;
+    const w4a16_gemm_config *c = w4a16_config(tc->cfg);
+    long long tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
+    if (tc == &p->mid && tiles >= (long long)p->mid_wide_tiles_per_sm * st->sm_count) {
+        tc = &p->mid_wide; /* wide layer: enough blocks without the 8-warp tile; the 4-warp one runs two per SM */
+        c = w4a16_config(tc->cfg);
+        tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
+    }
+    if (tc == &p->small && tiles < (long long)p->small_split_tiles_per_sm * st->sm_count)
+        tc = &p->small_split; /* K will be split across blocks: the deeper stage amortises its fixed costs better */
+    return tc;
+}
+
+w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype, int M, int N, int K,
+                             size_t workspace_bytes, const char *op, w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    *pl = (w4a16_plan){.splits = 1, .grid = {1, 1, 1}, .carveout = st->carveout};
+    const int nc = st->wgmma && p->staged_min_m > 0 && M >= p->staged_min_m
+                       ? w4a16_staged_slab_channels(M, N, K, workspace_bytes, st->sm_count)
+                       : 0;
+    if (nc > 0) {
+        pl->kind = W4A16_KERNEL_STAGED;
+        pl->slab_channels = nc;
+        pl->grid[0] = w4a16_staged_grid(M, nc, st->sm_count);
+        return W4A16_OK;
+    }
+    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) {
+        plan_wgmma(st, M, N, K, workspace_bytes, pl);
+        return W4A16_OK;
+    }
+    const w4a16_tile_choice *tc = mma_choice(st, layout, M, N);
+    const w4a16_gemm_config *c = w4a16_config(tc->cfg);
+    const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
+    const int tiles_m = cdiv(M, bm), tiles_n = cdiv(N, bn);
+    if (tiles_m > 2147483647 / tiles_n)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
+    const int decode = w4a16_cfg_is_decode(c);
+    /* decode tiles: 8 tokens per MMA up to M = 8; beyond, 16 where the register budget allows (configs.h) */
+    pl->kind = decode && M <= 8                                   ? W4A16_KERNEL_DECODE8
+               : decode && c->minb <= W4A16_DECODE16_MAX_MINB     ? W4A16_KERNEL_DECODE16
+                                                                  : W4A16_KERNEL_MMA;
+    pl->cfg = tc->cfg;
+    pl->stages = tc->stages;
+    pl->threads = w4a16_cfg_threads(c);
+    pl->smem_bytes = w4a16_cfg_smem_bytes(c, layout, tc->stages);
+    /* resident blocks per SM: the register budget the kernel instance was built for, or fewer where shared memory
+     * runs out first (each block also takes the system's reserved shared memory) */
+    const int minb = pl->kind == W4A16_KERNEL_DECODE16 ? W4A16_DECODE16_MINB(c->minb, layout, dtype) : c->minb;
+    int per_sm = st->smem_per_sm / (pl->smem_bytes + st->smem_reserved);
+    if (per_sm > minb) per_sm = minb;
+    pl->blocks_per_sm = per_sm < 1 ? 1 : per_sm;
+    if (workspace_bytes > 0) {
+        /* the deep decode tile (256 k per stage) keeps more k-tiles per split: its fixed cost per split is larger */
+        const int min_kt = decode && bk >= 256 ? p->deep_decode_min_kt : 2;
+        pl->splits = w4a16_choose_splits(pl->blocks_per_sm, tiles_m * tiles_n, cdiv(K, bk), st->sm_count, min_kt);
+    }
+    pl->grid[0] = tiles_m;
+    pl->grid[1] = tiles_n;
+    pl->grid[2] = pl->splits;
+    return W4A16_OK;
+}
+
+const char *w4a16_kernel_kind_name(int kind) {
+    switch (kind) {
+#define W4A16_KIND_NAME_(sym, text) \
+    case W4A16_KERNEL_##sym: return text;
+        W4A16_KERNEL_KINDS(W4A16_KIND_NAME_)
+#undef W4A16_KIND_NAME_
+    }
+    return "?";
+}
+
+void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
+    int n;
+    if (pl->kind == W4A16_KERNEL_STAGED)
+        n = snprintf(buf, size, "staged: slabs of %d channels, dense GEMM on %d blocks", pl->slab_channels,
+                     pl->grid[0]);
+    else if (pl->kind == W4A16_KERNEL_WGMMA)
+        n = snprintf(buf, size, "wgmma config %d (%d tokens x %d channels, %d stages), %d K split%s, grid %dx%dx%d, "
+                     "%d threads, %d block%s/SM", pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg),
+                     pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2],
+                     pl->threads, pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
+    else
+        n = snprintf(buf, size, "%s config %d (%s, %d stages), %d K split%s, grid %dx%dx%d, %d threads, "
+                     "%d bytes shared, %d block%s/SM", w4a16_kernel_kind_name(pl->kind), pl->cfg,
+                     w4a16_config(pl->cfg)->name, pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0],
+                     pl->grid[1], pl->grid[2], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
+                     pl->blocks_per_sm > 1 ? "s" : "");
+    if (pl->carveout >= 0 && n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - n, ", carveout %d%% (emulated SM)", pl->carveout);
+}

@@ -1,0 +1,146 @@
+// The C-callable GEMM entry points: the kernel a host plan (csrc/plan.c) names, launched with the plan's grid,
+// threads and shared memory, in the instance of its (dtype, layout) pair (kernels/instances.h); probes of the images.
+#include <atomic>
+
+#include "gemm.cuh"
+#include "instances.h"
+#include "launch.h"
+#ifdef W4A16_HAVE_WGMMA
+#include "gemm_sm90_dense.cuh"
+#endif
+
+namespace w4a16 {
+#define W4A16_DECL_(d, l) GemmKernelRef gemm_kernel_##d##_##l(int kind, int cfg);
+W4A16_GEMM_INSTANCES(W4A16_DECL_)
+#undef W4A16_DECL_
+#ifdef W4A16_HAVE_WGMMA
+#define W4A16_DECL_(d, l) GemmKernelRef gemm_sm90_kernel_##d##_##l(int id);
+W4A16_GEMM_INSTANCES(W4A16_DECL_)
+#undef W4A16_DECL_
+cudaError_t launch_dense_sm90_0_0(const DenseArgs &, int, cudaStream_t);
+cudaError_t launch_dense_sm90_1_0(const DenseArgs &, int, cudaStream_t);
+cudaError_t probe_dense_sm90_0_0(cudaFuncAttributes *);
+cudaError_t probe_dense_sm90_1_0(cudaFuncAttributes *);
+int dense_smem_bytes_0_0();
+int dense_smem_bytes_1_0();
+#define W4A16_SM90_KERNEL_(d, l, id) gemm_sm90_kernel_##d##_##l(id)
+#else
+#define W4A16_SM90_KERNEL_(d, l, id) GemmKernelRef{}
+#endif
+
+// The compiled kernel of (kind, cfg) for a (dtype, layout) pair; no kernel (fn null) for a combination never built.
+static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg) {
+#define W4A16_PICK_(d, l)                                                                                           \
+    if (dtype == d && layout == l)                                                                                  \
+        return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg) : gemm_kernel_##d##_##l(kind, cfg);
+    W4A16_GEMM_INSTANCES(W4A16_PICK_)
+#undef W4A16_PICK_
+    return {};
+}
+
+// Once any plan emulated a smaller SM by a shared-memory carveout, every later launch sets its own (the default when
+// none) so that a kernel does not keep an earlier profile's carveout.
+static std::atomic<bool> carveout_used{false};
+
+// The plan's kernel with its dynamic shared memory and carveout set, as the launch and the occupancy query need it.
+static cudaError_t prepare(const w4a16_gemm_launch *a, GemmKernelRef *k, int *smem) {
+    const w4a16_plan &p = a->plan;
+    *k = find_kernel(a->dtype, a->layout, p.kind, p.cfg);
+    if (!k->fn) return p.kind == W4A16_KERNEL_WGMMA ? cudaErrorInvalidDeviceFunction : cudaErrorInvalidValue;
+    if (k->threads != p.threads) return cudaErrorInvalidValue; // the plan and the compiled kernel disagree
+    *smem = k->smem_bytes ? k->smem_bytes : p.smem_bytes;
+    cudaError_t e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, *smem);
+    if (e == cudaSuccess && (p.carveout >= 0 || carveout_used.load(std::memory_order_relaxed))) {
+        carveout_used.store(true, std::memory_order_relaxed);
+        e = cudaFuncSetAttribute(k->fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 p.carveout >= 0 ? p.carveout : (int)cudaSharedmemCarveoutDefault);
+    }
+    return e;
+}
+} // namespace w4a16
+
+using namespace w4a16;
+
+// Launches with programmatic stream serialization when args.pdl (W4A16_FLAG_PDL on a device that has it).
+extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
+    GemmKernelRef k;
+    int smem = 0;
+    cudaError_t e = prepare(a, &k, &smem);
+    if (e != cudaSuccess) return e;
+    const w4a16_plan &p = a->plan;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(p.grid[0], p.grid[1], p.grid[2]);
+    c.blockDim = dim3(p.threads);
+    c.dynamicSmemBytes = smem;
+    c.stream = static_cast<cudaStream_t>(a->stream);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = a->args.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&c, k.fn, a->args);
+}
+
+extern "C" int w4a16_gemm_occupancy(const w4a16_gemm_launch *a, int *blocks_per_sm) {
+    GemmKernelRef k;
+    int smem = 0;
+    cudaError_t e = prepare(a, &k, &smem);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, k.fn, a->plan.threads, smem);
+}
+
+extern "C" int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version) {
+    GemmKernelRef k = find_kernel(dtype, layout, W4A16_KERNEL_DECODE8, cfg);
+    if (!k.fn) k = find_kernel(dtype, layout, W4A16_KERNEL_MMA, cfg);
+    if (!k.fn) return cudaErrorInvalidValue;
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, k.fn);
+    if (e == cudaSuccess && binary_version) *binary_version = attr.binaryVersion;
+    return e;
+}
+
+extern "C" int w4a16_probe_gemm_wgmma(void) {
+#ifdef W4A16_HAVE_WGMMA
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaSuccess;
+    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS && e == cudaSuccess; id++) {
+#define W4A16_PROBE_(d, l) \
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, gemm_sm90_kernel_##d##_##l(id).fn);
+        W4A16_GEMM_INSTANCES(W4A16_PROBE_)
+#undef W4A16_PROBE_
+    }
+    if (e == cudaSuccess) e = probe_dense_sm90_0_0(&attr); // the staged path's dense GEMM
+    if (e == cudaSuccess) e = probe_dense_sm90_1_0(&attr);
+    return e;
+#else
+    return cudaErrorInvalidDeviceFunction;
+#endif
+}
+
+extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
+    int r = 0;
+#ifdef W4A16_HAVE_WGMMA
+    for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS; id++) {
+        int a = gemm_sm90_kernel_0_0(id).smem_bytes, b = gemm_sm90_kernel_0_1(id).smem_bytes;
+        r = a > r ? a : r;
+        r = b > r ? b : r;
+    }
+    r = dense_smem_bytes_0_0() > r ? dense_smem_bytes_0_0() : r;
+#endif
+    return r;
+}
+
+extern "C" int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K,
+                                       int ldc, int dtype, int grid, void *stream) {
+#ifdef W4A16_HAVE_WGMMA
+    DenseArgs d;
+    d.A = A; d.W = Wt; d.bias = bias; d.C = C;
+    d.M = M; d.N = nc; d.K = K; d.ldc = ldc;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return dtype == 0 ? launch_dense_sm90_0_0(d, grid, s) : launch_dense_sm90_1_0(d, grid, s);
+#else
+    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)grid;
+    (void)stream;
+    return cudaErrorInvalidDeviceFunction;
+#endif
+}

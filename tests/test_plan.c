@@ -1,0 +1,297 @@
+/* Launch plans (csrc/plan.c), on the CPU with the kernels stubbed out:
+ *  - regression: for every call of tests/plan_grid.h on every device there, the plan gives exactly the kernel, config,
+ *    stages, K splits, grid and shared memory the library launched before the plan existed (tests/plan_recorded.txt);
+ *  - emulation: a forced profile of an architecture with a smaller SM (sm120 or sm80 on an H100) plans exactly what a
+ *    GPU of that architecture with the H100's SM count would, and says which carveout holds the SM to it;
+ *  - invariants over the benchmark's shapes on the H100, an RTX 5090, an RTX PRO 6000, a GB10, an A100 and the
+ *    emulated sm120 on an H100: the grid covers M and N, the splits cover K, never more blocks than the workspace
+ *    has slots, the config's shared memory fits the device;
+ *  - a few plans checked by hand. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include "../csrc/internal.h"
+#include "plan_grid.h"
+
+#ifndef PLAN_RECORDED
+#define PLAN_RECORDED "tests/plan_recorded.txt"
+#endif
+
+static w4a16_device_state device_state(const plan_device *d) {
+    w4a16_device_state st;
+    memset(&st, 0, sizeof st);
+    st.ready = 1;
+    st.sm_count = d->sms;
+    st.smem_optin = (size_t)d->smem_block;
+    st.device_smem_per_sm = d->smem_block + 1024;
+    st.smem_reserved = 1024;
+    st.wgmma = d->wgmma;
+    st.pdl = 1;
+    st.smem_per_sm = st.device_smem_per_sm;
+    st.carveout = -1;
+    st.profile = w4a16_find_profile(d->profile);
+    return st;
+}
+
+static const plan_device *find_device(const char *name) {
+    for (int i = 0; i < PLAN_NUM_DEVICES; i++)
+        if (strcmp(plan_devices[i].name, name) == 0) return &plan_devices[i];
+    return NULL;
+}
+
+static const char *const ws_names[4] = {"none", "small", "part", "big"};
+
+static size_t ws_bytes(int which, int sms, int N, int K) {
+    const size_t off = w4a16_workspace_slab_offset(sms);
+    const size_t all[4] = {0, w4a16_workspace_bytes_for(sms), off + ((size_t)N * K * 2) / 3, off + (size_t)N * K * 2};
+    return all[which];
+}
+
+/* One line of the recorded format for a call planned on `st`. */
+static void plan_line(const w4a16_device_state *st, const char *dev, int layout, int dt, int G, int ws, int M, int N,
+                      int K, char *out, size_t size) {
+    w4a16_plan pl;
+    char what[160];
+    w4a16_status s =
+        w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
+    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged"};
+    if (s != W4A16_OK)
+        snprintf(what, sizeof what, "%s", w4a16_status_string(s));
+    else if (pl.kind == W4A16_KERNEL_STAGED)
+        snprintf(what, sizeof what, "staged nc=%d slabs=%d grid=%d", pl.slab_channels,
+                 (N + pl.slab_channels - 1) / pl.slab_channels, pl.grid[0]);
+    else if (pl.kind == W4A16_KERNEL_WGMMA)
+        snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0],
+                 pl.grid[1], pl.grid[2]);
+    else
+        snprintf(what, sizeof what, "%s cfg=%d st=%d splits=%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.cfg,
+                 pl.stages, pl.splits, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
+    snprintf(out, size, "%s %s %s G=%d ws=%s M=%d N=%d K=%d: %s", dev, layout ? "marlin" : "awq", dt ? "bf16" : "fp16",
+             G, ws_names[ws], M, N, K, what);
+}
+
+static uint64_t fnv(uint64_t h, const char *s) {
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* FNV-1a 64 of every line of the grid for one device, layout and dtype, in the recorder's order. */
+static uint64_t grid_hash(const w4a16_device_state *st, const char *dev, int layout, int dt) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    char line[256];
+    for (int l = 0; l < W4A16_NUM_LAYERS + PLAN_NUM_EXTRA; l++) {
+        const int K = l < W4A16_NUM_LAYERS ? w4a16_layers[l].K : plan_extra[l - W4A16_NUM_LAYERS].K;
+        const int N = l < W4A16_NUM_LAYERS ? w4a16_layers[l].N : plan_extra[l - W4A16_NUM_LAYERS].N;
+        if (layout == W4A16_LAYOUT_MARLIN && K % 128) continue;
+        for (int gi = 0; gi < PLAN_NUM_G; gi++) {
+            const int G = plan_g[gi];
+            if (G > 0 && K % G) continue;
+            for (int ws = 0; ws < 4; ws++)
+                for (int mi = 0; mi < PLAN_NUM_M; mi++) {
+                    plan_line(st, dev, layout, dt, G, ws, plan_m[mi], N, K, line, sizeof line);
+                    h = fnv(fnv(h, line), "\n");
+                }
+        }
+    }
+    return h;
+}
+
+static void test_recorded_decisions(void **state) {
+    (void)state;
+    FILE *f = fopen(PLAN_RECORDED, "r");
+    if (!f) fail_msg("cannot open %s (run from the repository root)", PLAN_RECORDED);
+    char buf[512], line[256];
+    int hashes = 0, lines = 0, bad = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = 0;
+        char dev[32], lay[16], dt[16], wsn[16];
+        unsigned long long want;
+        int G, M, N, K;
+        if (sscanf(buf, "hash %31s %15s %15s %llx", dev, lay, dt, &want) == 4) {
+            const plan_device *d = find_device(dev);
+            assert_non_null(d);
+            w4a16_device_state st = device_state(d);
+            uint64_t got = grid_hash(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0);
+            if (got != want) {
+                print_message("  plans differ from the recorded ones: %s %s %s\n", dev, lay, dt);
+                bad++;
+            }
+            hashes++;
+        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N,
+                          &K) == 8) {
+            int ws = 0;
+            while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
+            assert_true(ws < 4);
+            w4a16_device_state st = device_state(find_device(dev));
+            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line,
+                      sizeof line);
+            if (strcmp(line, buf + 5) != 0) {
+                print_message("  recorded: %s\n  planned:  %s\n", buf + 5, line);
+                bad++;
+            }
+            lines++;
+        }
+    }
+    fclose(f);
+    print_message("  %d hashed groups and %d lines compared\n", hashes, lines);
+    assert_int_equal(hashes, PLAN_NUM_DEVICES * 4);
+    assert_true(lines > 1000);
+    assert_int_equal(bad, 0);
+}
+
+/* An H100 with a forced profile of a smaller SM plans what that architecture would with 132 SMs. */
+static void test_forced_profile_emulates_its_sm(void **state) {
+    (void)state;
+    const struct { const char *profile, *as; int smem_per_sm, carveout; } cases[] = {
+        {"sm120", "sm120-132", 102400, 43}, /* 43% of 228 KB = 98 KB: the hardware's next configuration is 100 KB */
+        {"sm121", "sm120-132", 102400, 43},
+        {"sm80", "sm80-132", 167936, 71},   /* 71% = 162 KB: next 164 KB */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        w4a16_device_state h100 = device_state(find_device("h100")), as = device_state(find_device(cases[i].as));
+        w4a16_use_profile(&h100, w4a16_find_profile(cases[i].profile), 1);
+        assert_int_equal(h100.smem_per_sm, cases[i].smem_per_sm);
+        assert_int_equal(h100.carveout, cases[i].carveout);
+        as.profile = h100.profile;
+        for (int layout = 0; layout < 2; layout++)
+            for (int dt = 0; dt < 2; dt++)
+                assert_true(grid_hash(&h100, "x", layout, dt) == grid_hash(&as, "x", layout, dt));
+    }
+    /* the native profile, or a forced one with an SM as large as the device's, runs on the device's own SM */
+    w4a16_device_state h100 = device_state(find_device("h100"));
+    w4a16_use_profile(&h100, w4a16_find_profile("sm90"), 1);
+    assert_int_equal(h100.carveout, -1);
+    w4a16_use_profile(&h100, w4a16_find_profile("sm100"), 1);
+    assert_int_equal(h100.carveout, -1);
+    w4a16_use_profile(&h100, w4a16_find_profile("sm120"), 0); /* reached by the fallback chain: not emulated */
+    assert_int_equal(h100.carveout, -1);
+    assert_int_equal(h100.smem_per_sm, 233472);
+}
+
+/* The GPUs the library targets, as the plan sees them. */
+static const struct { const char *name, *profile; int sms, smem_block, wgmma; const char *forced; } targets[] = {
+    {"H100", "sm90", 132, 232448, 1, NULL},        {"RTX 5090", "sm120", 170, 101376, 0, NULL},
+    {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL}, {"GB10", "sm121", 48, 101376, 0, NULL},
+    {"A100", "sm80", 108, 166912, 0, NULL},        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120"},
+};
+
+static void test_plan_invariants(void **state) {
+    (void)state;
+    int checked = 0;
+    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+        plan_device d = {targets[t].name, targets[t].profile, targets[t].sms, targets[t].smem_block, targets[t].wgmma};
+        w4a16_device_state st = device_state(&d);
+        if (targets[t].forced) w4a16_use_profile(&st, w4a16_find_profile(targets[t].forced), 1);
+        const size_t partial_bytes = w4a16_workspace_bytes_for(st.sm_count) - w4a16_workspace_counters_bytes(st.sm_count);
+        const size_t counters = w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int);
+        for (int l = 0; l < W4A16_NUM_LAYERS; l++)
+            for (int mi = 0; mi < PLAN_NUM_M; mi++)
+                for (int layout = 0; layout < 2; layout++)
+                    for (int dt = 0; dt < 2; dt++)
+                        for (int ws = 0; ws < 4; ws++) {
+                            const int M = plan_m[mi], N = w4a16_layers[l].N, K = w4a16_layers[l].K;
+                            w4a16_plan pl;
+                            assert_int_equal(w4a16_plan_gemm(&st, layout, dt, M, N, K, ws_bytes(ws, st.sm_count, N, K),
+                                                             "test", &pl),
+                                             W4A16_OK);
+                            assert_int_equal(pl.carveout, st.carveout);
+                            if (pl.kind == W4A16_KERNEL_STAGED) {
+                                assert_true(st.wgmma && ws >= 2 && M >= st.profile->staged_min_m);
+                                assert_true(pl.slab_channels % W4A16_DENSE_BN == 0 || pl.slab_channels == N);
+                                assert_in_range(pl.grid[0], 1, st.sm_count);
+                                continue;
+                            }
+                            int bm, bn, bk, minb;
+                            if (pl.kind == W4A16_KERNEL_WGMMA) {
+                                assert_true(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
+                                bm = w4a16_wgmma_tm(pl.cfg), bn = w4a16_wgmma_bn(pl.cfg), bk = 64;
+                                minb = w4a16_wgmma_minb(pl.cfg);
+                                assert_int_equal(pl.threads, w4a16_wgmma_threads(pl.cfg));
+                            } else {
+                                const w4a16_gemm_config *c = w4a16_config(pl.cfg);
+                                assert_non_null(c);
+                                bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c), minb = c->minb;
+                                assert_int_equal(pl.threads, w4a16_cfg_threads(c));
+                                assert_int_equal(pl.kind == W4A16_KERNEL_MMA, !w4a16_cfg_is_decode(c) ||
+                                                     (M > 8 && c->minb > W4A16_DECODE16_MAX_MINB));
+                                if (pl.kind == W4A16_KERNEL_DECODE8) assert_true(M <= 8);
+                                /* the tile fits a block, and its resident blocks fit the (emulated) SM */
+                                assert_true((size_t)pl.smem_bytes <= st.smem_optin);
+                                assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
+                            }
+                            assert_in_range(pl.blocks_per_sm, 1, minb);
+                            /* the grid covers M and N exactly, the splits cover K */
+                            assert_true(pl.grid[0] * bm >= M && (pl.grid[0] - 1) * bm < M);
+                            assert_true(pl.grid[1] * bn >= N && (pl.grid[1] - 1) * bn < N);
+                            assert_int_equal(pl.grid[2], pl.splits);
+                            const int num_kt = (K + bk - 1) / bk;
+                            assert_in_range(pl.splits, 1, num_kt < 16 ? num_kt : 16);
+                            if (ws == 0) assert_int_equal(pl.splits, 1);
+                            if (pl.splits > 1) {
+                                const long long tiles = (long long)pl.grid[0] * pl.grid[1];
+                                /* never more blocks than slots; the workspace holds their counters and partials */
+                                assert_true(tiles * pl.splits <= (long long)st.sm_count * pl.blocks_per_sm);
+                                assert_true((size_t)tiles <= counters);
+                                assert_true((size_t)tiles * pl.splits * bm * bn * sizeof(float) <= partial_bytes);
+                                assert_true(num_kt / pl.splits >= 2);
+                            }
+                            checked++;
+                        }
+    }
+    print_message("  %d plans checked\n", checked);
+}
+
+/* By hand (configs.h, profiles.c): llama3-8b.qkv (K = 4096, N = 6144) at M = 1, AWQ fp16, small workspace. The
+ * 128-k decode tile (64 x 2 channels, 4 warps) makes 48 tiles; 3 stages of 15616 bytes = 46848 bytes, so two blocks
+ * fit a 100 KB SM (2 x 47872 <= 102400) and four fit the H100's 228 KB (the config allows 4). Splits: slots / tiles,
+ * at most 16 and at least 2 of the 32 k-tiles each. */
+static void test_hand_checked(void **state) {
+    (void)state;
+    const struct { const char *name, *profile; int sms, smem_block, wgmma; const char *forced; int kind, cfg, splits, bps; } c[] = {
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},   /* 340 / 48 */
+        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2}, /* 376 / 48 */
+        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},       /* 96 / 48 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2}, /* 264/48 */
+        /* A100: the deep decode tile (2 stages of 31232 bytes: 2 blocks per 164 KB SM; 256 k: 16 k-tiles, at least 4
+         * each): 216 slots / 48 = 4 */
+        {"A100", "sm80", 108, 166912, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+        /* H100: the deep decode tile with 3 stages (93696 bytes: 2 per SM), 264 slots / 48 = 5, 16 k-tiles / 4 = 4 */
+        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096, w4a16_workspace_bytes_for(st.sm_count),
+                                         "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s %s\n", c[i].name, text);
+        assert_int_equal(pl.kind, c[i].kind);
+        assert_int_equal(pl.cfg, c[i].cfg);
+        assert_int_equal(pl.splits, c[i].splits);
+        assert_int_equal(pl.blocks_per_sm, c[i].bps);
+        assert_int_equal(pl.grid[0], 1);
+        assert_int_equal(pl.grid[1], 48);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_recorded_decisions),
+        cmocka_unit_test(test_forced_profile_emulates_its_sm),
+        cmocka_unit_test(test_plan_invariants),
+        cmocka_unit_test(test_hand_checked),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
