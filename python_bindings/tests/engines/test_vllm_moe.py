@@ -30,6 +30,29 @@ VERSION = importlib.metadata.version("vllm")
 GEN = adapter_mod.generation_named(VERSION)
 MOE = adapter_mod.Generation.MOE
 DTYPES = (torch.float16, torch.bfloat16)
+SERVED = GEN is not None and GEN.moe is not None  # vLLM 0.11's MoE schema (with is_ep) is left to vLLM
+
+
+@pytest.fixture(autouse=True)
+def _where_served(request):
+    if not SERVED and request.node.originalname != "test_moe_schema_refused_with_one_line":
+        pytest.skip(f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+
+
+def test_moe_schema_refused_with_one_line(monkeypatch):
+    """Where the generation has no MoE schema (0.11), or the live one is not it: one line, MoE left alone."""
+    lines = _capture_log(monkeypatch)
+    if SERVED:
+        monkeypatch.setattr(GEN, "moe", None)
+    adapter_mod.uninstall()
+    before = torch._C._dispatch_dump(f"_moe_C::{MOE}")
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    try:
+        assert a is not None and not a.serves_moe
+        assert torch._C._dispatch_dump(f"_moe_C::{MOE}") == before
+        assert len([s for s in lines if "MoE layers stay on vLLM's kernels" in s]) == 1, lines
+    finally:
+        adapter_mod.uninstall()
 
 
 def _moe_op():
