@@ -99,8 +99,7 @@ class Generation:
 
     def arg_names(self, op):
         schema = self.moe if op == self.MOE else self.schemas[op]
-        # the MoE schema's "($0! -> )" marks are what the wheels print but not what parse_schema reads back
-        return [a.name for a in torch._C.parse_schema(re.sub(r"\(\$\d+! -> \)", "", schema)).arguments]
+        return [a.name for a in torch._C.parse_schema(strip_alias_marks(schema)).arguments]
 
 
 # ScalarType ids (vllm.scalar_type.scalar_types.<t>.id) as the wheels compute them; checked against the live vLLM.
@@ -161,16 +160,24 @@ def generation_matching(namespace="_C"):
     return None, best[1]
 
 
+def strip_alias_marks(schema):
+    """The schema without the "($0! -> )" marks that vLLM's MoE op prints and torch cannot parse back."""
+    return re.sub(r"\(\$\d+! -> \)", "", schema)
+
+
 def moe_mismatch(gen, namespace="_moe_C"):
     """None when the live _moe_C::moe_wna16_marlin_gemm has `gen`'s MoE schema, else why not (for the log)."""
     if gen.moe is None:
         return f"w4a16 serves no MoE op schema of vLLM generation {gen.name}"
     live = _common.live_schema(namespace, Generation.MOE)
+    want = gen.moe
     if live is not None and namespace != "_moe_C" and live.startswith(namespace + "::"):
-        live = "_moe_C::" + live.split("::", 1)[1]  # a stand-in namespace holding the recorded schema
+        # a stand-in namespace holding the recorded schema, defined without vLLM's ($n! -> ) marks
+        live = "_moe_C::" + live.split("::", 1)[1]
+        want = strip_alias_marks(want)
     if live is None:
         return f"_moe_C::{Generation.MOE} is missing"
-    if live != gen.moe:
+    if live != want:
         return f"_moe_C::{Generation.MOE} has the schema '{live}'"
     return None
 
