@@ -72,6 +72,7 @@ def test_changed_moe_schema_keeps_moe_on_vllm(monkeypatch):
     served as before."""
     monkeypatch.setattr(GEN, "moe", GEN.moe.replace("bool is_zp_float", "bool zp_f"))
     lines = _capture_log(monkeypatch)
+    monkeypatch.setattr(adapter_mod.log, "_cache", {})  # isEnabledFor's cache, kept from before the level was set
     adapter_mod.uninstall()
     before = torch._C._dispatch_dump(f"_moe_C::{MOE}")
     a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
@@ -249,11 +250,14 @@ def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, 
     topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
     topk_ids = topk_ids.to(torch.int32)
     rec.calls.clear()
+    # keywords from topk_weights on: up to 0.14 a gating_output argument comes before it
+    extra = {"gating_output": None} if "gating_output" in inspect.signature(fm.fused_marlin_moe).parameters else {}
     y = fm.fused_marlin_moe(
         x, w13, w2, None if b13 is None else marlin_permute_bias(b13), None if b2 is None else marlin_permute_bias(b2),
-        sc13, sc2, topk_weights, topk_ids,
+        sc13, sc2, topk_weights=topk_weights, topk_ids=topk_ids,
         quant_type_id=(scalar_types.uint4 if method == "awq" else scalar_types.uint4b8).id,
-        activation_func=_silu_and_mul, w1_zeros=z13, w2_zeros=z2, workspace=torch.zeros(256, dtype=torch.int32))
+        activation_func=_silu_and_mul, w1_zeros=z13, w2_zeros=z2, workspace=torch.zeros(256, dtype=torch.int32),
+        **extra)
 
     assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
     c1, c2 = [c[1] for c in rec.named("moe_gemm")]
