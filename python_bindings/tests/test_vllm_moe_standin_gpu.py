@@ -72,7 +72,7 @@ def env(request):
 
 
 def _experts(kind, E, K, N, G, dtype, rng):
-    """Per-expert checkpoints -> (Marlin weight, Marlin scales, Marlin zeros or None) on the GPU, fp32 weights [E,K,N]."""
+    """Per-expert checkpoints -> Marlin weight, scales, zeros (None for GPTQ) on the GPU, and fp32 weights [E, K, N]."""
     ws, ss, zs, ref = [], [], [], []
     for _ in range(E):
         if kind == "awq":

@@ -291,8 +291,9 @@ def _moe_args(dtype=torch.float16, type_name="uint4", block=16, K=256, N=128, **
     topk_ids = torch.tensor([[0, 1], [1, 2], [3, 0]], dtype=torch.int32)
     sorted_ids, expert_ids, npp = align_cpu(topk_ids, block, E)
     e = torch.empty(0, dtype=torch.int32)
-    v = dict(a=torch.randn(T, K).to(dtype), c_or_none=None, b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32),
-             b_bias_or_none=None, b_scales=torch.ones(E, K // 128, N).to(dtype), a_scales=None, global_scale=None,
+    v = dict(a=torch.randn(T, K).to(dtype), c_or_none=None,
+             b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32), b_bias_or_none=None,
+             b_scales=torch.ones(E, K // 128, N).to(dtype), a_scales=None, global_scale=None,
              b_zeros_or_none=torch.zeros(E, K // 128, N // 8, dtype=torch.int32), g_idx_or_none=e, perm_or_none=e,
              workspace=torch.zeros(128, dtype=torch.int32), sorted_token_ids=sorted_ids, expert_ids=expert_ids,
              num_tokens_past_padded=npp, topk_weights=torch.rand(T, top_k), moe_block_size=block, top_k=top_k,

@@ -188,7 +188,8 @@ def generation_named(recorded_from):
 
 def load_vllm_ops():
     """Import vLLM's compiled extension(s) holding the _C and _moe_C ops (vllm._C / vllm._moe_C, and their
-    _stable_libtorch builds in newer releases; vLLM itself imports them from its CUDA platform code, which may not have run yet when plugins load)."""
+    _stable_libtorch builds in newer releases; vLLM itself imports them from its CUDA platform code, which may not
+    have run yet when plugins load)."""
     import vllm._custom_ops  # noqa: F401
     loaded = []
     for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch"):
