@@ -18,8 +18,17 @@ activations, group sizes 32/64/128/per-channel, N % 64 == 0 and K % 128 == 0 for
 act-order on the whole K (generations up to 0.15-0.29; later vLLMs refuse desc_act themselves). Goes to vLLM's kernel:
 activation scales (W4A8 int8/fp8), fp4/fp8 weights and global scales, 8-bit weights, float zero points, a
 row-parallel shard of an act-order layer (is_k_full=False), act-order whose groups are not whole, other shapes, GPUs
-w4a16 does not run on. MoE layers (`_moe_C::moe_wna16_marlin_gemm`) stay on vLLM's kernels; their per-expert repack
-calls are the same `_C::*_marlin_repack` ops and get w4a16's bit-identical output.
+w4a16 does not run on.
+
+MoE layers: vLLM's fused Marlin MoE (AWQ / GPTQ Marlin MoE methods) calls `_moe_C::moe_wna16_marlin_gemm` twice per
+layer on stacked experts already in Marlin layout (their per-expert repacks are the `_C::*_marlin_repack` ops above).
+From 0.12 on its CUDA kernel is replaced too when the live MoE schema equals the generation's recorded one (else one
+log line and only the MoE op stays vLLM's; the dense ops are served either way). w4a16's grouped GEMM takes vLLM's
+routing buffers (moe_align_block_size's sorted ids, expert ids, padded count; ids -1 from expert parallelism skip a
+block), c_or_none, mul_topk_weights and the Marlin-permuted bias as they come; vLLM's workspace is not needed (w4a16
+keeps one per device, created on the first eager call). Goes to vLLM's kernel: act-order experts (g_idx / perm),
+is_full_k=False, W4A8 / fp8 / fp4, 8-bit, float zero points, block sizes other than 8..64 in steps of 8, N % 64 or
+K % 64 != 0, a first call during CUDA-graph capture.
 
 Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
 natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
@@ -57,17 +66,40 @@ _GEMM_TAIL = ("Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, Sy
 _REPACK_A8 = "SymInt size_k, SymInt size_n, int num_bits, bool is_a_8bit"
 
 
+_MOE_HEAD = ("Tensor($0! -> ) a, Tensor? c_or_none, Tensor($1! -> ) b_q_weight, Tensor? b_bias_or_none, "
+             "Tensor($2! -> ) b_scales, Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, ")
+_MOE_MID = ("Tensor($3! -> ) workspace, Tensor sorted_token_ids, Tensor($4! -> ) expert_ids, "
+            "Tensor($5! -> ) num_tokens_past_padded, Tensor($6! -> ) topk_weights, int moe_block_size, int top_k, "
+            "bool mul_topk_weights, int b_type_id, int size_m, int size_n, int size_k, ")
+_MOE_TAIL = "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float, int thread_k, int thread_n, int blocks_per_sm"
+
+
+def _moe_schema(args):
+    # as the wheels print it (the ($n! -> ) annotations are vLLM's own, kept so the comparison is exact)
+    return f"_moe_C::moe_wna16_marlin_gemm({args}) -> Tensor"
+
+
+# 0.12-0.29: with act-order (g_idx, perm) and is_full_k; 0.30-0.33: without (recorded from 0.14.1 / 0.15.1, 0.33.0)
+_MOE_ACT_ORDER = _moe_schema(_MOE_HEAD + "Tensor? g_idx_or_none, Tensor? perm_or_none, " + _MOE_MID
+                             + "bool is_full_k, " + _MOE_TAIL)
+_MOE_PLAIN = _moe_schema(_MOE_HEAD + _MOE_MID + _MOE_TAIL)
+
+
 class Generation:
     """A set of op schemas vLLM kept over a range of releases. `recorded_from`: the release whose live schemas (read
     with the wheel loaded) are stored in tests/engines/schemas; `seen_in`: releases whose compiled schemas were read
     to find where the generation starts and ends."""
 
-    def __init__(self, name, recorded_from, seen_in, gemm, schemas, type_ids):
+    MOE = "moe_wna16_marlin_gemm"
+
+    def __init__(self, name, recorded_from, seen_in, gemm, schemas, type_ids, moe=None):
         self.name, self.recorded_from, self.seen_in = name, recorded_from, seen_in
         self.gemm, self.schemas, self.type_ids = gemm, schemas, type_ids
+        self.moe = moe  # the schema of _moe_C::moe_wna16_marlin_gemm served in this generation (None: not served)
 
     def arg_names(self, op):
-        return [a.name for a in torch._C.parse_schema(self.schemas[op]).arguments]
+        schema = self.moe if op == self.MOE else self.schemas[op]
+        return [a.name for a in torch._C.parse_schema(strip_alias_marks(schema)).arguments]
 
 
 # ScalarType ids (vllm.scalar_type.scalar_types.<t>.id) as the wheels compute them; checked against the live vLLM.
@@ -86,17 +118,17 @@ GENERATIONS = (
     Generation("0.12-0.14", "0.14.1", ("0.12.0", "0.14.1"), "gptq_marlin_gemm",
                _schemas("gptq_marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
                         "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS),
+               _TYPE_IDS, _MOE_ACT_ORDER),
     # 0.15-0.29: the GEMM renamed marlin_gemm
     Generation("0.15-0.29", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0", "0.28.0", "0.29.0"), "marlin_gemm",
                _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
                         "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS),
+               _TYPE_IDS, _MOE_ACT_ORDER),
     # 0.30-0.33: act-order gone from the dense GEMM and the GPTQ repack (vLLM refuses desc_act itself)
     Generation("0.30-0.33", "0.33.0", ("0.30.0", "0.33.0"), "marlin_gemm",
                _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_TAIL.replace("bool is_k_full, ", ""),
                         "Tensor b_q_weight, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS),
+               _TYPE_IDS, _MOE_PLAIN),
 )
 
 # Releases this adapter accepts at all (a generation is then chosen by the live schemas).
@@ -128,16 +160,39 @@ def generation_matching(namespace="_C"):
     return None, best[1]
 
 
+def strip_alias_marks(schema):
+    """The schema without the "($0! -> )" marks that vLLM's MoE op prints and torch cannot parse back."""
+    return re.sub(r"\(\$\d+! -> \)", "", schema)
+
+
+def moe_mismatch(gen, namespace="_moe_C"):
+    """None when the live _moe_C::moe_wna16_marlin_gemm has `gen`'s MoE schema, else why not (for the log)."""
+    if gen.moe is None:
+        return f"w4a16 serves no MoE op schema of vLLM generation {gen.name}"
+    live = _common.live_schema(namespace, Generation.MOE)
+    want = gen.moe
+    if live is not None and namespace != "_moe_C" and live.startswith(namespace + "::"):
+        # a stand-in namespace holding the recorded schema, defined without vLLM's ($n! -> ) marks
+        live = "_moe_C::" + live.split("::", 1)[1]
+        want = strip_alias_marks(want)
+    if live is None:
+        return f"_moe_C::{Generation.MOE} is missing"
+    if live != want:
+        return f"_moe_C::{Generation.MOE} has the schema '{live}'"
+    return None
+
+
 def generation_named(recorded_from):
     return next((g for g in GENERATIONS if g.recorded_from == recorded_from), None)
 
 
 def load_vllm_ops():
-    """Import vLLM's compiled extension(s) holding the _C ops (vllm._C, and vllm._C_stable_libtorch in newer
-    releases; vLLM itself imports them from its CUDA platform code, which may not have run yet when plugins load)."""
+    """Import vLLM's compiled extension(s) holding the _C and _moe_C ops (vllm._C / vllm._moe_C, and their
+    _stable_libtorch builds in newer releases; vLLM itself imports them from its CUDA platform code, which may not
+    have run yet when plugins load)."""
     import vllm._custom_ops  # noqa: F401
     loaded = []
-    for name in ("vllm._C", "vllm._C_stable_libtorch"):
+    for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch"):
         try:
             importlib.import_module(name)
             loaded.append(name)
@@ -151,12 +206,19 @@ def _wt():
     return wt
 
 
+def _moe():
+    from .. import moe  # looked up per call, so that tests can stand in for w4a16's grouped GEMM
+    return moe
+
+
 class VllmAdapter:
     """The installed replacement. `served` / `fell_back` count calls per op (host counters, for logs and tests)."""
 
-    def __init__(self, generation, dispatch_key="CUDA", device_ok=None, namespace="_C"):
+    def __init__(self, generation, dispatch_key="CUDA", device_ok=None, namespace="_C", moe_namespace="_moe_C"):
         self.generation = generation
         self.overrides = _common.Overrides(namespace, dispatch_key)
+        self.moe_overrides = _common.Overrides(moe_namespace, dispatch_key)
+        self.serves_moe = False
         self.device_ok = device_ok or _common.device_supported
         self.uint4, self.uint4b8 = generation.type_ids["uint4"], generation.type_ids["uint4b8"]
         self.served, self.fell_back = {}, {}
@@ -168,10 +230,11 @@ class VllmAdapter:
     # ------------------------------------------------------------------ bookkeeping
     def _fallback(self, op, reason, keyset, *args):
         self.fell_back[op] = self.fell_back.get(op, 0) + 1
+        moe = op == Generation.MOE
         if (op, reason) not in self._said:
             self._said.add((op, reason))
-            log.info("w4a16: _C::%s goes to vLLM's kernel: %s", op, reason)
-        return self.overrides.call_original(op, keyset, *args)
+            log.info("w4a16: %s::%s goes to vLLM's kernel: %s", "_moe_C" if moe else "_C", op, reason)
+        return (self.moe_overrides if moe else self.overrides).call_original(op, keyset, *args)
 
     def _serve(self, op, fn, keyset, args):
         """Run w4a16's op; if w4a16 refuses the call (it then launched and wrote nothing), vLLM's kernel runs it."""
@@ -256,6 +319,67 @@ class VllmAdapter:
             return self._serve(op, lambda: self._run_marlin(
                 a, p["c_or_none"], p["b_q_weight"], p["b_bias_or_none"], b_scales, b_zeros,
                 p["perm_or_none"] if act_order else None, size_m, size_n, size_k), keyset, args)
+        return kernel
+
+    def _moe_reason(self, p):
+        a, b_scales, b_zeros = p["a"], p["b_scales"], p["b_zeros_or_none"]
+        size_n, size_k, block = p["size_n"], p["size_k"], p["moe_block_size"]
+        if p["a_scales"] is not None:
+            return "activation scales (W4A8)"
+        if p["global_scale"] is not None:
+            return "global scale (fp4)"
+        if p["is_zp_float"]:
+            return "float zero points"
+        g_idx, perm = p.get("g_idx_or_none"), p.get("perm_or_none")
+        if (g_idx is not None and g_idx.numel() > 0) or (perm is not None and perm.numel() > 0):
+            return "act-order experts (g_idx / perm)"
+        if not p.get("is_full_k", True):
+            return "act-order on a row-parallel shard (is_full_k=False)"
+        if a.dtype not in _FLOATS or b_scales.dtype != a.dtype:
+            return f"activations {a.dtype} with scales {b_scales.dtype}"
+        has_zp = b_zeros is not None and b_zeros.numel() > 0
+        type_id = p["b_type_id"]
+        if type_id == self.uint4:
+            if not has_zp:
+                return "uint4 without zero points"
+        elif type_id == self.uint4b8:
+            if has_zp:
+                return "uint4b8 with zero points"
+        else:
+            return f"weight type id {type_id} (not 4-bit uint4 / uint4b8)"
+        if block < 8 or block > 64 or block % 8:
+            return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
+        if p["size_m"] < 1 or p["top_k"] < 1 or size_n % 64 or size_k % 64:
+            return f"shape M={p['size_m']} N={size_n} K={size_k} (w4a16 MoE: N % 64, K % 64)"
+        if b_scales.dim() != 3 or _common.group_size_of(size_k, b_scales.shape[1]) not in (32, 64, 128, -1):
+            return f"scales {tuple(b_scales.shape)} for K={size_k}"
+        if not self.device_ok(a.device):
+            return f"device {a.device} not served by w4a16"
+        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+            idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
+            if idx not in _moe()._workspaces:
+                return "first call during CUDA-graph capture (w4a16's MoE workspace does not exist yet)"
+        return None
+
+    def _moe_kernel(self):
+        names = self.generation.arg_names(Generation.MOE)
+        op = Generation.MOE
+
+        def kernel(keyset, *args):
+            p = dict(zip(names, args))
+            reason = self._moe_reason(p)
+            if reason is not None:
+                return self._fallback(op, reason, keyset, *args)
+            zeros = p["b_zeros_or_none"]
+            zeros = zeros if zeros is not None and zeros.numel() > 0 else None
+            bias = p["b_bias_or_none"]
+            bias = _common.marlin_bias_unpermute(bias) if bias is not None else None
+            # vLLM's workspace, use_atomic_add, use_fp32_reduce (w4a16 adds in fp32) and thread hints are not needed
+            return self._serve(op, lambda: _moe()._grouped(
+                "marlin", p["a"], p["c_or_none"], p["b_q_weight"], bias, p["b_scales"], zeros,
+                p["sorted_token_ids"], p["expert_ids"], p["num_tokens_past_padded"], p["topk_weights"],
+                p["mul_topk_weights"], p["moe_block_size"], p["top_k"], p["size_m"], p["size_n"], p["size_k"]),
+                keyset, args)
         return kernel
 
     def _gptq_repack_kernel(self):
@@ -366,6 +490,11 @@ class VllmAdapter:
             "awq_dequantize": self.awq_dequantize,
         }
 
+    def install_moe(self):
+        """Replace vLLM's MoE GEMM too; raises (and registers nothing for MoE) when it cannot."""
+        self.moe_overrides.install({Generation.MOE: self._moe_kernel()})
+        self.serves_moe = True
+
     def install(self):
         self.overrides.install(self.impls())
         if "g_idx_or_none" in self.generation.schemas[self.generation.gemm] and self.overrides.namespace == "_C":
@@ -377,6 +506,8 @@ class VllmAdapter:
                 pass  # act-order layers then stay on vLLM's kernel (their groups were never checked)
 
     def remove(self):
+        self.moe_overrides.remove()
+        self.serves_moe = False
         self.overrides.remove()
         for undo in self._unpatch:
             undo()
@@ -390,11 +521,14 @@ def installed():
     return _installed
 
 
-def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=None, namespace="_C"):
+def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=None, namespace="_C",
+            moe_namespace="_moe_C"):
     """Install w4a16 under the running vLLM's ops when its version and op schemas are known; returns the
     VllmAdapter, or None after one log line saying why vLLM was left alone. `version_text` defaults to the
     installed vLLM's version; `type_ids` ({"uint4", "uint4b8"}) to vLLM's scalar_types. Stand-in tests (no vLLM)
-    pass the type ids and a `namespace` holding ops defined with the recorded schemas."""
+    pass the type ids and a `namespace` (`moe_namespace`) holding ops defined with the recorded schemas.
+    The MoE GEMM is replaced when its live schema is the generation's; otherwise one log line says so and only the
+    dense ops are served (they do not depend on it)."""
     global _installed
     if _installed is not None:
         return _installed
@@ -424,7 +558,7 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         log.warning("w4a16: torch %s cannot keep vLLM's kernels callable (no torch.library.get_kernel); vLLM's "
                     "kernels are left as they are", torch.__version__)
         return None
-    adapter = VllmAdapter(gen, dispatch_key, device_ok, namespace)
+    adapter = VllmAdapter(gen, dispatch_key, device_ok, namespace, moe_namespace)
     try:
         adapter.install()
     except Exception as e:  # nothing stays registered (Overrides.install is all or none)
@@ -432,11 +566,22 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         log.warning("w4a16: could not replace vLLM %s's ops (%s); vLLM's kernels are left as they are",
                     version_text, e)
         return None
+    moe_why = moe_mismatch(gen, moe_namespace)
+    if moe_why is None:
+        try:
+            adapter.install_moe()
+        except Exception as e:
+            moe_why = f"it could not be replaced ({e})"
+    if moe_why is not None:
+        log.warning("w4a16: vLLM %s: %s; its MoE layers stay on vLLM's kernels (the linear layers are served)",
+                    version_text, moe_why)
     _installed = adapter
     import w4a16
-    log.info("w4a16 %s serves vLLM %s's int4 linear layers (op generation %s): %s. MoE, W4A8, fp4/fp8 and 8-bit stay "
-             "on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text, gen.name,
-             ", ".join(f"_C::{n}" for n in gen.schemas))
+    ops = [f"_C::{n}" for n in gen.schemas] + ([f"_moe_C::{Generation.MOE}"] if adapter.serves_moe else [])
+    log.info("w4a16 %s serves vLLM %s's int4 linear layers%s (op generation %s): %s. %sW4A8, fp4/fp8 and 8-bit stay "
+             "on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text,
+             " and MoE experts" if adapter.serves_moe else "", gen.name, ", ".join(ops),
+             "Act-order MoE, " if adapter.serves_moe else "MoE, ")
     return adapter
 
 

@@ -1,0 +1,371 @@
+"""w4a16 under the real vLLM's fused Marlin MoE (the engine venv's release), on a machine without a GPU.
+
+As in test_vllm.py, the adapter is installed for the CPU dispatch key and w4a16 is replaced by recorders: the dense
+repack ops (which vLLM's stacked-expert repacks call per expert) answer from w4a16.formats, and w4a16.moe's grouped
+GEMM records its arguments and writes random rows. vLLM's own code runs the expert layer: its MoE weight helpers
+(awq/gptq_marlin_moe_repack, marlin_moe_permute_scales, moe_awq_to_marlin_zero_points, marlin_permute_bias) and its
+`fused_marlin_moe`, whose two `_moe_C::moe_wna16_marlin_gemm` calls reach w4a16 through the dispatcher. Stood in for:
+vLLM's routing kernel (moe_align_block_size, CUDA only; replaced by a CPU twin of its documented output) and the
+SiLU-and-mul activation kernel (CUDA only)."""
+import importlib
+import importlib.metadata
+import inspect
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
+
+from conftest import schema_record_path  # noqa: E402
+from test_vllm import Recorder, _LOAD, _capture_log, _plugin_env, _same  # noqa: E402
+from w4a16 import formats  # noqa: E402
+from w4a16.engines import vllm as adapter_mod  # noqa: E402
+
+adapter_mod.load_vllm_ops()
+VERSION = importlib.metadata.version("vllm")
+GEN = adapter_mod.generation_named(VERSION)
+MOE = adapter_mod.Generation.MOE
+DTYPES = (torch.float16, torch.bfloat16)
+SERVED = GEN is not None and GEN.moe is not None  # vLLM 0.11's MoE schema (with is_ep) is left to vLLM
+
+
+@pytest.fixture(autouse=True)
+def _where_served(request):
+    if not SERVED and request.node.originalname != "test_moe_schema_refused_with_one_line":
+        pytest.skip(f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+
+
+def test_moe_schema_refused_with_one_line(monkeypatch):
+    """Where the generation has no MoE schema (0.11), or the live one is not it: one line, MoE left alone."""
+    lines = _capture_log(monkeypatch)
+    if SERVED:
+        monkeypatch.setattr(GEN, "moe", None)
+    adapter_mod.uninstall()
+    before = torch._C._dispatch_dump(f"_moe_C::{MOE}")
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    try:
+        assert a is not None and not a.serves_moe
+        assert torch._C._dispatch_dump(f"_moe_C::{MOE}") == before
+        assert len([s for s in lines if "MoE layers stay on vLLM's kernels" in s]) == 1, lines
+    finally:
+        adapter_mod.uninstall()
+
+
+def _moe_op():
+    return torch.ops._moe_C.moe_wna16_marlin_gemm
+
+
+# ---------------------------------------------------------------------------------------------- schema and install
+def test_moe_schema_is_the_recorded_one():
+    assert GEN is not None and GEN.moe is not None, f"vLLM {VERSION}: no MoE schema in its adapter generation"
+    recorded = json.load(open(schema_record_path("vllm", VERSION)))
+    assert recorded["ops"][f"_moe_C::{MOE}"] == GEN.moe
+    assert adapter_mod.moe_mismatch(GEN) is None
+
+
+def test_changed_moe_schema_keeps_moe_on_vllm(monkeypatch):
+    """A MoE schema that differs from the recorded one: one log line, nothing registered for MoE, the dense ops are
+    served as before."""
+    monkeypatch.setattr(GEN, "moe", GEN.moe.replace("bool is_zp_float", "bool zp_f"))
+    lines = _capture_log(monkeypatch)
+    monkeypatch.setattr(adapter_mod.log, "_cache", {})  # isEnabledFor's cache, kept from before the level was set
+    adapter_mod.uninstall()
+    before = torch._C._dispatch_dump(f"_moe_C::{MOE}")
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    try:
+        assert a is not None and not a.serves_moe and a.overrides._lib is not None
+        assert torch._C._dispatch_dump(f"_moe_C::{MOE}") == before
+        warn = [s for s in lines if "MoE layers stay on vLLM's kernels" in s]
+        assert len(warn) == 1 and f"_moe_C::{MOE} has the schema" in warn[0], lines
+        (served,) = [s for s in lines if "serves vLLM" in s]
+        assert f"_moe_C::{MOE}" not in served and "MoE, W4A8" in served
+    finally:
+        adapter_mod.uninstall()
+
+
+def test_plugin_logs_the_moe_op_as_served(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=_plugin_env(tmp_path),
+                         timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    line = next((s for s in text.splitlines() if "serves vLLM" in s), None)
+    assert line is not None, text
+    assert "and MoE experts" in line and f"_moe_C::{MOE}" in line, line
+    print(line)
+
+
+def test_installs_over_vllms_cuda_moe_kernel():
+    adapter_mod.uninstall()
+    before = torch._C._dispatch_dump(f"_moe_C::{MOE}")
+    a = adapter_mod.install(VERSION)
+    try:
+        assert a is not None and a.serves_moe and a.moe_overrides.original(MOE) is not None
+        assert torch._C._dispatch_dump(f"_moe_C::{MOE}") != before
+    finally:
+        adapter_mod.uninstall()
+    assert torch._C._dispatch_dump(f"_moe_C::{MOE}") == before
+
+
+# ---------------------------------------------------------------------------------------------- recorders
+class MoeRecorder(Recorder):
+    """Also stands in for w4a16.moe._grouped (what the adapter calls): records, then writes random rows into c."""
+
+    def grouped(self, layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, topk_weights,
+                mul_topk_weights, block_size, top_k, size_m, size_n, size_k):
+        cl = (lambda t: None if t is None else t.clone())
+        self.calls.append(("moe_gemm", dict(layout=layout, a=cl(a), c=c, w=cl(w), bias=cl(bias), scales=cl(scales),
+                                            zeros=cl(zeros), sorted_ids=sorted_ids, expert_ids=expert_ids, npp=npp,
+                                            topk_weights=topk_weights, mul=mul_topk_weights, block=block_size,
+                                            top_k=top_k, m=size_m, n=size_n, k=size_k)))
+        if c is None:
+            c = torch.empty(size_m * top_k, size_n, dtype=a.dtype)
+        c.copy_(torch.randn(size_m * top_k, size_n))
+        self.calls[-1][1]["out"] = c.clone()
+        return c
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    import w4a16.moe
+    import w4a16.torch as wt
+    r = MoeRecorder()
+    for name in ("awq_marlin_repack", "gptq_marlin_repack", "marlin_gemm"):
+        monkeypatch.setattr(wt, name, getattr(r, name))
+    monkeypatch.setattr(w4a16.moe, "_grouped", r.grouped)
+    adapter_mod.uninstall()
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    assert a is not None and a.serves_moe
+    r.adapter = a
+    yield r
+    adapter_mod.uninstall()
+
+
+def align_cpu(topk_ids, block_size, num_experts, expert_map=None, pad_sorted_ids=False, ignore_invalid_experts=False,
+              **kw):
+    """CPU twin of vLLM's moe_align_block_size output (its buffer sizes; each expert's pair indices padded to a
+    multiple of block_size with numel; the expert of each block)."""
+    assert expert_map is None
+    numel = topk_ids.numel()
+    cap = min(numel * block_size, numel + num_experts * (block_size - 1))
+    sorted_ids = torch.full((cap,), numel, dtype=torch.int32)
+    expert_ids = torch.full(((cap + block_size - 1) // block_size,), -1, dtype=torch.int32)
+    flat, pos = topk_ids.flatten(), 0
+    for e in range(num_experts):
+        idx = (flat == e).nonzero().flatten().to(torch.int32)
+        if idx.numel():
+            sorted_ids[pos:pos + idx.numel()] = idx
+            nb = (idx.numel() + block_size - 1) // block_size
+            expert_ids[pos // block_size:pos // block_size + nb] = e
+            pos += nb * block_size
+    return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32)
+
+
+def _fused_module():
+    for name in ("vllm.model_executor.layers.fused_moe.experts.marlin_moe",
+                 "vllm.model_executor.layers.fused_moe.fused_marlin_moe"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    raise ImportError("vLLM's fused_marlin_moe module")
+
+
+def _silu_and_mul(activation, out, inp, **kw):
+    n = inp.shape[1] // 2
+    out.copy_(torch.nn.functional.silu(inp[:, :n]) * inp[:, n:])
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def _experts(method, E, K, N, G, dtype, seed):
+    """Per-expert checkpoint tensors for a [K -> N] projection: AWQ (qweight [K, N/8], qzeros, scales) or symmetric
+    GPTQ (qweight [K/8, N], scales), stacked [E, ...]."""
+    rng = np.random.default_rng(seed)
+    qws, qzs, ss = [], [], []
+    for _ in range(E):
+        if method == "awq":
+            qw, qz, s = formats.awq_quantize(rng.standard_normal((K, N)).astype(np.float32) * 0.05, G)
+            qzs.append(qz)
+        else:
+            qw = formats.gptq_pack(rng.integers(0, 16, size=(K, N), dtype=np.uint8))
+            s = rng.random((K // G, N)).astype(np.float32) * 0.01 + 0.002
+        qws.append(qw)
+        ss.append(s)
+    st = lambda xs: torch.from_numpy(np.stack(xs))  # noqa: E731
+    return st(qws), (st(qzs) if method == "awq" else None), st([s.astype(np.float32) for s in ss]).to(dtype)
+
+
+def _vllm_process(method, qw, qz, s, K, N, G):
+    """What vLLM's AWQ / GPTQ Marlin MoE methods do to the checkpoint after loading, with vLLM's own helpers."""
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.quantization.utils import marlin_utils as mu
+    E = qw.shape[0]
+    repack = ops.awq_marlin_moe_repack if method == "awq" else ops.gptq_marlin_moe_repack
+    extra = {"perm": torch.empty((E, 0), dtype=torch.int32)} if "perm" in inspect.signature(repack).parameters else {}
+    w = repack(qw, size_k=K, size_n=N, num_bits=4, **extra)
+    scales = mu.marlin_moe_permute_scales(s, size_k=K, size_n=N, group_size=G)
+    zeros = mu.moe_awq_to_marlin_zero_points(qz, size_k=K // G, size_n=N, num_bits=4) if method == "awq" else None
+    return w, scales, zeros
+
+
+def _want(method, qw, qz, s, K, N, G):
+    """w4a16.formats per expert, stacked: what must reach w4a16's grouped GEMM."""
+    E = qw.shape[0]
+    if method == "awq":
+        w = [formats.marlin_repack_awq(qw[e].numpy()) for e in range(E)]
+        z = torch.from_numpy(np.stack([formats.awq_to_marlin_zero_points(qz[e].numpy(), K // G, N)
+                                       for e in range(E)]))
+    else:
+        w = [formats.marlin_repack_gptq(qw[e].numpy()) for e in range(E)]
+        z = None
+    sc = torch.from_numpy(np.stack([formats.marlin_permute_scales(s[e].float().numpy(), K, N, G)
+                                    for e in range(E)])).to(s.dtype)
+    return torch.from_numpy(np.stack(w)), sc, z
+
+
+# ---------------------------------------------------------------------------------------------- layers on w4a16
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("E,T,G", [(4, 5, 64), (8, 64, 128)])
+def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, G):
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
+    from vllm.scalar_type import scalar_types
+    H, inter, top_k = 256, 128, 2
+    fm = _fused_module()
+    monkeypatch.setattr(fm, "moe_align_block_size", align_cpu)
+    seed = E * 1000 + T * 10 + G + (method == "gptq") + 2 * bias
+    qw13, qz13, s13 = _experts(method, E, H, 2 * inter, G, dtype, seed)
+    qw2, qz2, s2 = _experts(method, E, inter, H, G, dtype, seed + 1)
+    w13, sc13, z13 = _vllm_process(method, qw13, qz13, s13, H, 2 * inter, G)
+    w2, sc2, z2 = _vllm_process(method, qw2, qz2, s2, inter, H, G)
+    b13 = (torch.randn(E, 2 * inter) * 0.5).to(dtype) if bias else None
+    b2 = (torch.randn(E, H) * 0.5).to(dtype) if bias else None
+
+    x = torch.randn(T, H).to(dtype)
+    logits = torch.randn(T, E)
+    topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    topk_ids = topk_ids.to(torch.int32)
+    rec.calls.clear()
+    # keywords from topk_weights on: up to 0.14 a gating_output argument comes before it
+    extra = {"gating_output": None} if "gating_output" in inspect.signature(fm.fused_marlin_moe).parameters else {}
+    y = fm.fused_marlin_moe(
+        x, w13, w2, None if b13 is None else marlin_permute_bias(b13), None if b2 is None else marlin_permute_bias(b2),
+        sc13, sc2, topk_weights=topk_weights, topk_ids=topk_ids,
+        quant_type_id=(scalar_types.uint4 if method == "awq" else scalar_types.uint4b8).id,
+        activation_func=_silu_and_mul, w1_zeros=z13, w2_zeros=z2, workspace=torch.zeros(256, dtype=torch.int32),
+        **extra)
+
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
+    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
+    want13, want2 = _want(method, qw13, qz13, s13, H, 2 * inter, G), _want(method, qw2, qz2, s2, inter, H, G)
+    for c, (ww, ws, wz), b in ((c1, want13, b13), (c2, want2, b2)):
+        assert c["layout"] == "marlin"
+        assert np.array_equal(c["w"].numpy(), ww.numpy())
+        assert _same(c["scales"], ws)
+        assert (c["zeros"] is None) if wz is None else np.array_equal(c["zeros"].numpy(), wz.numpy())
+        assert (c["bias"] is None) if b is None else _same(c["bias"], b), "bias must reach w4a16 in natural order"
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, c1["block"], E)
+    for c in (c1, c2):
+        assert torch.equal(c["sorted_ids"], sorted_ids) and torch.equal(c["expert_ids"], expert_ids)
+        assert torch.equal(c["npp"], npp) and c["topk_weights"] is topk_weights and c["block"] == c2["block"]
+    assert c1["block"] in (8, 16, 32, 48, 64)
+    # first GEMM: the tokens, top_k rows each, gate and up; second: the activated rows, weighted by topk_weights
+    assert _same(c1["a"], x) and (c1["m"], c1["top_k"], c1["n"], c1["k"], c1["mul"]) == (T, top_k, 2 * inter, H, False)
+    act = torch.empty(T * top_k, inter, dtype=dtype)
+    _silu_and_mul(None, act, c1["out"])
+    assert _same(c2["a"], act)
+    assert (c2["m"], c2["top_k"], c2["n"], c2["k"], c2["mul"]) == (T * top_k, 1, H, inter, True)
+    assert c1["c"].shape == (T * top_k, 2 * inter) and c2["c"].shape == (T * top_k, H)
+    assert _same(y, torch.sum(c2["out"].view(T, top_k, H), dim=1))
+
+
+# ---------------------------------------------------------------------------------------------- what stays on vLLM
+def _moe_args(dtype=torch.float16, type_name="uint4", block=16, K=256, N=128, **over):
+    """A call of this vLLM's MoE GEMM op (E = 4, T = 3, top_k = 2), its arguments in the order of its schema."""
+    from vllm.scalar_type import scalar_types
+    E, T, top_k = 4, 3, 2
+    topk_ids = torch.tensor([[0, 1], [1, 2], [3, 0]], dtype=torch.int32)
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, block, E)
+    e = torch.empty(0, dtype=torch.int32)
+    v = dict(a=torch.randn(T, K).to(dtype), c_or_none=None,
+             b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32), b_bias_or_none=None,
+             b_scales=torch.ones(E, K // 128, N).to(dtype), a_scales=None, global_scale=None,
+             b_zeros_or_none=torch.zeros(E, K // 128, N // 8, dtype=torch.int32), g_idx_or_none=e, perm_or_none=e,
+             workspace=torch.zeros(128, dtype=torch.int32), sorted_token_ids=sorted_ids, expert_ids=expert_ids,
+             num_tokens_past_padded=npp, topk_weights=torch.rand(T, top_k), moe_block_size=block, top_k=top_k,
+             mul_topk_weights=False, b_type_id=getattr(scalar_types, type_name).id, size_m=T, size_n=N, size_k=K,
+             is_full_k=True, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False, thread_k=-1,
+             thread_n=-1, blocks_per_sm=-1)
+    v.update(over)
+    names = GEN.arg_names(MOE)
+    assert not set(over) - set(names), "argument not in this vLLM's schema"
+    return tuple(v[n] for n in names)
+
+
+def test_supported_moe_call_is_served(rec):
+    out = _moe_op()(*_moe_args())
+    (c,) = rec.named("moe_gemm")
+    assert _same(out, c[1]["out"]) and rec.adapter.fell_back == {}
+
+
+_CASES = {
+    "a_scales": dict(a_scales=torch.ones(3)),
+    "global_scale": dict(global_scale=torch.ones(1)),
+    "uint8b128": dict(type_name="uint8b128", b_zeros_or_none=None),
+    "uint4 without zero points": dict(b_zeros_or_none=None),
+    "is_zp_float": dict(is_zp_float=True),
+    "fp32": dict(dtype=torch.float32),
+    "block 128": dict(block=128),
+    "K=96": dict(K=96, b_q_weight=torch.zeros(4, 6, 256, dtype=torch.int32), b_scales=torch.ones(4, 1, 128).half(),
+                 b_zeros_or_none=torch.zeros(4, 1, 16, dtype=torch.int32)),
+    "act-order": dict(g_idx_or_none=torch.zeros(4, 256, dtype=torch.int32),
+                      perm_or_none=torch.arange(256, dtype=torch.int32).repeat(4, 1)),
+    "is_full_k=False": dict(is_full_k=False),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_unsupported_moe_goes_to_vllms_kernel(rec, case):
+    kw = _CASES[case]
+    if any(k in ("g_idx_or_none", "is_full_k") for k in kw) and "is_full_k" not in GEN.arg_names(MOE):
+        pytest.skip("this vLLM's MoE GEMM takes no act-order arguments")
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):  # vLLM's own (CUDA) kernel was reached
+        _moe_op()(*_moe_args(**kw))
+    assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
+
+
+def test_w4a16_refusal_goes_to_vllms_kernel(rec, monkeypatch):
+    """A call w4a16 itself rejects (here: its shape check) runs on vLLM's kernel instead."""
+    import w4a16.moe
+
+    def refuse(*a, **k):
+        raise ValueError("w4a16: b_scales must be [E, K/G, N]")
+    monkeypatch.setattr(w4a16.moe, "_grouped", refuse)
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
+        _moe_op()(*_moe_args())
+    assert rec.adapter.fell_back == {MOE: 1} and rec.adapter.served.get(MOE) is None
+
+
+def test_uninstall_restores_vllms_moe_kernel(rec):
+    adapter_mod.uninstall()
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
+        _moe_op()(*_moe_args())
+    assert rec.named("moe_gemm") == []
+
+
+def test_moe_op_compiles_fullgraph(rec):
+    """torch.compile traces vLLM's MoE op with its fake implementation; the compiled graph reaches w4a16."""
+    import vllm._custom_ops as ops
+    fake = getattr(ops, "moe_wna16_marlin_gemm_fake", None)
+    if fake is not None and len(inspect.signature(fake).parameters) != len(GEN.arg_names(MOE)):
+        pytest.skip(f"vLLM {VERSION}'s own fake implementation of {MOE} does not take its schema's arguments, so "
+                    "torch.compile cannot trace the op on any kernel")
+    args = _moe_args()
+    fn = torch.compile(lambda a: _moe_op()(a, *args[1:]), fullgraph=True, backend="aot_eager")
+    out = fn(args[0])
+    (c,) = rec.named("moe_gemm")
+    assert _same(out, c[1]["out"]) and _same(c[1]["a"], args[0])
