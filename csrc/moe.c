@@ -23,8 +23,10 @@ static w4a16_status check_routing_shape(int num_tokens, int top_k, int num_exper
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not in 1..1024", block_size);
     const long long n = (long long)num_tokens * top_k;
     const long long used = n < num_experts ? n : num_experts;
+    /* each used expert pads its run by at most block_size - 1, and the runs add up to a multiple of block_size: so
+     * rounding the bound down, not up, still holds every run (and vLLM's numel + E (block_size - 1) buffers fit) */
     long long cap = n + used * (block_size - 1);
-    cap = (cap + block_size - 1) / block_size * block_size;
+    cap = cap / block_size * block_size;
     if (cap > 2147483647LL - 1024)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "num_tokens=%d x top_k=%d with block_size=%d needs %lld routing "
                           "entries, more than int32 indexes", num_tokens, top_k, block_size, cap);

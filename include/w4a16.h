@@ -319,7 +319,7 @@ W4A16_API w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin
  * Experts are stacked: W[e] is the e-th of E equal slices of each weight tensor ([E, ...] below). */
 
 /* Routing buffer sizes for T tokens x top_k experts of num_experts, blocks of block_size (1..1024): sorted_ids needs
- * *sorted_capacity int32 entries (T * top_k + min(E, T * top_k) * (block_size - 1), rounded up to block_size) and
+ * *sorted_capacity int32 entries (T * top_k + min(E, T * top_k) * (block_size - 1), rounded down to block_size) and
  * expert_ids *blocks_capacity = *sorted_capacity / block_size. Returns W4A16_ERR_NULL_POINTER, W4A16_ERR_INVALID_SHAPE
  * (a count < 1, num_experts > 2048, block_size out of range) or W4A16_ERR_SIZE_OVERFLOW (past 2^31 entries). */
 W4A16_API w4a16_status w4a16_moe_align_sizes(int num_tokens, int top_k, int num_experts, int block_size,
