@@ -45,8 +45,8 @@ struct Device {
 struct LayerData {
     int K, N, G, copies_q, copies_dense;
     w4a16_dtype dt;
-    std::vector<gpu_layer> q;      // AWQ + Marlin tensors, one per copy
-    std::vector<void *> dense;     // fp16/bf16 W copies for cuBLAS
+    std::vector<gpu_layer> q;  // AWQ + Marlin tensors, one per copy
+    std::vector<void *> dense; // fp16/bf16 W copies for cuBLAS
     void *A = nullptr, *C = nullptr;
     int max_m = 0;
 };
@@ -65,7 +65,11 @@ LayerData *layer_data(const w4a16_layer &ly, w4a16_dtype dt, int max_m) {
     if (it != cache.end()) return it->second.get();
     free_all(); // one layer resident at a time: benchmarks run in registration order
     auto d = std::make_unique<LayerData>();
-    d->K = ly.K; d->N = ly.N; d->G = opt.group; d->dt = dt; d->max_m = max_m;
+    d->K = ly.K;
+    d->N = ly.N;
+    d->G = opt.group;
+    d->dt = dt;
+    d->max_m = max_m;
     size_t l2x2 = 2 * dev.info.l2_bytes;
     d->copies_q = (int)std::min<size_t>(64, l2x2 / quant_bytes(ly.K, ly.N, opt.group) + 1);
     d->copies_dense = (int)std::min<size_t>(16, l2x2 / ((size_t)ly.K * ly.N * 2) + 1);
@@ -77,9 +81,12 @@ LayerData *layer_data(const w4a16_layer &ly, w4a16_dtype dt, int max_m) {
         gpu_layer &g = d->q[c];
         g = d->q[0];
         g.dense = nullptr;
-        g.qweight = (int32_t *)gpu_alloc(nw); g.mweight = (int32_t *)gpu_alloc(nw);
-        g.scales = (uint16_t *)gpu_alloc(ns); g.mscales = (uint16_t *)gpu_alloc(ns);
-        g.qzeros = (int32_t *)gpu_alloc(nz); g.mzeros = (int32_t *)gpu_alloc(nz);
+        g.qweight = (int32_t *)gpu_alloc(nw);
+        g.mweight = (int32_t *)gpu_alloc(nw);
+        g.scales = (uint16_t *)gpu_alloc(ns);
+        g.mscales = (uint16_t *)gpu_alloc(ns);
+        g.qzeros = (int32_t *)gpu_alloc(nz);
+        g.mzeros = (int32_t *)gpu_alloc(nz);
         GPU_CHECK(cudaMemcpy(g.qweight, d->q[0].qweight, nw, cudaMemcpyDeviceToDevice));
         GPU_CHECK(cudaMemcpy(g.mweight, d->q[0].mweight, nw, cudaMemcpyDeviceToDevice));
         GPU_CHECK(cudaMemcpy(g.scales, d->q[0].scales, ns, cudaMemcpyDeviceToDevice));
@@ -106,9 +113,13 @@ LayerData *layer_data(const w4a16_layer &ly, w4a16_dtype dt, int max_m) {
 void free_all() {
     for (auto &kv : cache) {
         LayerData *d = kv.second.get();
-        for (auto &g : d->q) { g.dense = nullptr; gpu_layer_free(&g); }
+        for (auto &g : d->q) {
+            g.dense = nullptr;
+            gpu_layer_free(&g);
+        }
         for (void *p : d->dense) cudaFree(p);
-        cudaFree(d->A); cudaFree(d->C);
+        cudaFree(d->A);
+        cudaFree(d->C);
     }
     cache.clear();
 }
@@ -216,11 +227,21 @@ void run_case(benchmark::State &state, const w4a16_layer *ly, Path p, int M, w4a
         state.SetIterationTime(us * 1e-6);
     }
     double fl = floor_us(M, ly->K, ly->N, opt.group);
-    double bytes = (p == CUBLAS ? 2.0 * ly->K * ly->N : (double)quant_bytes(ly->K, ly->N, opt.group)) + 2.0 * M * ly->K +
-                   2.0 * M * ly->N;
-    Row r{ly->name, path_names[p], p == CUBLAS ? "-" : (profile ? profile : dev.info.profile),
-          dt == W4A16_BF16 ? "bf16" : "fp16", profile != nullptr, M, ly->K, ly->N, opt.group, us, fl,
-          2.0 * M * ly->N * ly->K / us * 1e-6, bytes / us * 1e-3};
+    double bytes = (p == CUBLAS ? 2.0 * ly->K * ly->N : (double)quant_bytes(ly->K, ly->N, opt.group)) +
+                   2.0 * M * ly->K + 2.0 * M * ly->N;
+    Row r{ly->name,
+          path_names[p],
+          p == CUBLAS ? "-" : (profile ? profile : dev.info.profile),
+          dt == W4A16_BF16 ? "bf16" : "fp16",
+          profile != nullptr,
+          M,
+          ly->K,
+          ly->N,
+          opt.group,
+          us,
+          fl,
+          2.0 * M * ly->N * ly->K / us * 1e-6,
+          bytes / us * 1e-3};
     state.counters["us"] = us;
     state.counters["TFLOPs"] = r.tflops;
     state.counters["GBps"] = r.gbps;
@@ -242,7 +263,12 @@ void register_all() {
         layers.push_back(ly);
     }
     for (const w4a16_layer *ly : layers) {
-        struct Fam { w4a16_dtype dt; const char *profile; std::vector<Path> paths; int max_m; };
+        struct Fam {
+            w4a16_dtype dt;
+            const char *profile;
+            std::vector<Path> paths;
+            int max_m;
+        };
         std::vector<Fam> fams = {{W4A16_FP16, nullptr, {CUBLAS, AWQ, MARLIN}, 1 << 30}};
         if (opt.sm120) fams.push_back({W4A16_FP16, "sm120", {AWQ, MARLIN}, 64});
         if (opt.bf16) fams.push_back({W4A16_BF16, nullptr, {AWQ, MARLIN}, 1 << 30});
@@ -259,7 +285,9 @@ void register_all() {
                 for (Path p : paths) {
                     std::string name = std::string(path_names[p]) + "/" + ly->name + "/M=" + std::to_string(M) + "/" +
                                        (f.dt == W4A16_BF16 ? "bf16" : "fp16") + "/" +
-                                       (p == CUBLAS ? "-" : f.profile ? f.profile : "auto");
+                                       (p == CUBLAS ? "-"
+                                        : f.profile ? f.profile
+                                                    : "auto");
                     benchmark::RegisterBenchmark(name.c_str(), run_case, ly, p, M, f.dt, f.profile)
                         ->UseManualTime()
                         ->Iterations(1)
@@ -304,7 +332,9 @@ void measure_ceilings() {
         if (i) best = std::min(best, ms);
     }
     dev.cublas_tflops = 2.0 * n * n * (double)n / (best * 1e-3) / 1e12;
-    cudaFree(x); cudaFree(y); cudaFree(z);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(z);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -320,20 +350,22 @@ void summary() {
            dev.info.name, dev.info.profile, dev.copy_tbps, dev.cublas_tflops);
     printf("   times in us (median); x_floor = time / floor; awq/marlin and marlin/cublas are time ratios (lower is "
            "better for the first path)\n");
-    printf("   awq_st, mar_st = the paths with a staged workspace (M >= %d); mst/cubl = mar_st / cublas\n", STAGED_MIN_M);
+    printf("   awq_st, mar_st = the paths with a staged workspace (M >= %d); mst/cubl = mar_st / cublas\n",
+           STAGED_MIN_M);
     printf("   %s\n", opt.pdl ? "w4a16 GEMMs launched with W4A16_FLAG_PDL (programmatic dependent launch, sm_90+); "
                                 "plain/pdl = the Marlin path launched without it / with it (M <= 256)"
                               : "w4a16 GEMMs launched without W4A16_FLAG_PDL (--pdl=0)");
-    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %9s %8s %9s\n", "layer", "M", "floor", "cublas", "awq",
-           "marlin", "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "mar_st", "mst/cubl",
-           "plain/pdl");
+    printf("%-22s %5s %9s %9s %9s %9s %8s %8s %9s %10s %8s %8s %9s %9s %8s %9s\n", "layer", "M", "floor", "cublas",
+           "awq", "marlin", "marl/fl", "awq/fl", "awq/marl", "marl/cubl", "sm120/na", "bf16/fp16", "awq_st", "mar_st",
+           "mst/cubl", "plain/pdl");
     std::string last;
     for (const Row &r : rows) {
         if (r.path != "cublas_fp16" || r.dtype != "fp16") continue;
         const Row *a = find(r.layer, "awq", "fp16", r.M, false), *m = find(r.layer, "marlin", "fp16", r.M, false);
         const Row *s = find(r.layer, "marlin", "fp16", r.M, true), *b = find(r.layer, "marlin", "bf16", r.M, false);
         if (!a || !m) continue;
-        const Row *as = find(r.layer, "awq_staged", "fp16", r.M, false), *ms = find(r.layer, "marlin_staged", "fp16", r.M, false);
+        const Row *as = find(r.layer, "awq_staged", "fp16", r.M, false),
+                  *ms = find(r.layer, "marlin_staged", "fp16", r.M, false);
         const Row *mp = find(r.layer, "marlin_plain", "fp16", r.M, false);
         char sm[16] = "-", bf[16] = "-", au[16] = "-", mu[16] = "-", sc[16] = "-", pl[16] = "-";
         if (mp) snprintf(pl, sizeof pl, "%.2f", mp->us / m->us);
@@ -343,8 +375,8 @@ void summary() {
         if (ms) snprintf(mu, sizeof mu, "%.1f", ms->us);
         if (ms) snprintf(sc, sizeof sc, "%.2f", ms->us / r.us);
         printf("%-22s %5d %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %10.2f %8s %8s %9s %9s %8s %9s\n", r.layer.c_str(),
-               r.M, r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us, sm,
-               bf, au, mu, sc, pl);
+               r.M, r.floor_us, r.us, a->us, m->us, m->us / r.floor_us, a->us / r.floor_us, a->us / m->us, m->us / r.us,
+               sm, bf, au, mu, sc, pl);
     }
 }
 
@@ -356,15 +388,18 @@ void write_json() {
     }
     fprintf(f, "{\n  \"device\": \"%s\",\n  \"profile\": \"%s\",\n  \"w4a16_version\": \"%s\",\n", dev.info.name,
             dev.info.profile, w4a16_version_string());
-    fprintf(f, "  \"copy_tbps\": %.4f,\n  \"cublas_fp16_tflops\": %.2f,\n  \"group_size\": %d,\n  \"pdl\": %s,\n  \"rows\": [\n",
+    fprintf(f,
+            "  \"copy_tbps\": %.4f,\n  \"cublas_fp16_tflops\": %.2f,\n  \"group_size\": %d,\n  \"pdl\": %s,\n  "
+            "\"rows\": [\n",
             dev.copy_tbps, dev.cublas_tflops, opt.group, opt.pdl ? "true" : "false");
     for (size_t i = 0; i < rows.size(); i++) {
         const Row &r = rows[i];
         fprintf(f,
-                "    {\"layer\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"forced\": %s, \"dtype\": \"%s\", \"M\": %d, \"K\": %d, "
+                "    {\"layer\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"forced\": %s, \"dtype\": \"%s\", "
+                "\"M\": %d, \"K\": %d, "
                 "\"N\": %d, \"us\": %.3f, \"floor_us\": %.3f, \"tflops\": %.3f, \"gbps\": %.1f}%s\n",
-                r.layer.c_str(), r.path.c_str(), r.profile.c_str(), r.forced ? "true" : "false", r.dtype.c_str(), r.M, r.K, r.N, r.us, r.floor_us,
-                r.tflops, r.gbps, i + 1 < rows.size() ? "," : "");
+                r.layer.c_str(), r.path.c_str(), r.profile.c_str(), r.forced ? "true" : "false", r.dtype.c_str(), r.M,
+                r.K, r.N, r.us, r.floor_us, r.tflops, r.gbps, i + 1 < rows.size() ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     fclose(f);
@@ -377,18 +412,27 @@ bool parse_flag(const char *arg) {
         return strncmp(arg, name, n) == 0 && arg[n] == '=' ? arg + n + 1 : nullptr;
     };
     const char *v;
-    if (strcmp(arg, "--full") == 0) opt.full = true;
-    else if ((v = val("--bf16"))) opt.bf16 = atoi(v) != 0;
-    else if ((v = val("--sm120"))) opt.sm120 = atoi(v) != 0;
-    else if ((v = val("--settle"))) opt.settle = atoi(v) != 0;
-    else if ((v = val("--pdl"))) opt.pdl = atoi(v) != 0;
-    else if ((v = val("--group"))) opt.group = atoi(v);
-    else if ((v = val("--layers"))) opt.layers = v;
-    else if ((v = val("--json"))) opt.json = v;
+    if (strcmp(arg, "--full") == 0)
+        opt.full = true;
+    else if ((v = val("--bf16")))
+        opt.bf16 = atoi(v) != 0;
+    else if ((v = val("--sm120")))
+        opt.sm120 = atoi(v) != 0;
+    else if ((v = val("--settle")))
+        opt.settle = atoi(v) != 0;
+    else if ((v = val("--pdl")))
+        opt.pdl = atoi(v) != 0;
+    else if ((v = val("--group")))
+        opt.group = atoi(v);
+    else if ((v = val("--layers")))
+        opt.layers = v;
+    else if ((v = val("--json")))
+        opt.json = v;
     else if ((v = val("--m"))) {
         opt.ms.clear();
         for (const char *p = v; *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p)) opt.ms.push_back(atoi(p));
-    } else return false;
+    } else
+        return false;
     return true;
 }
 
@@ -401,7 +445,8 @@ int main(int argc, char **argv) {
     if (opt.ms.empty()) opt.ms.assign(w4a16_bench_m, w4a16_bench_m + W4A16_NUM_BENCH_M);
     w4a16_status s = w4a16_get_device_info(0, &dev.info);
     if (s != W4A16_OK || !dev.info.supported) {
-        fprintf(stderr, "bench: no usable CUDA GPU found: %s\n", s != W4A16_OK ? w4a16_last_error_message() : dev.info.reason);
+        fprintf(stderr, "bench: no usable CUDA GPU found: %s\n",
+                s != W4A16_OK ? w4a16_last_error_message() : dev.info.reason);
         return 1;
     }
     BLAS_CHECK(cublasCreate(&dev.blas));

@@ -58,7 +58,9 @@ struct Stack {
     int32_t *qweight = nullptr, *qzeros = nullptr, *mweight = nullptr, *mzeros = nullptr;
     uint16_t *scales = nullptr, *mscales = nullptr;
     void make(int E_, int K_, int N_, uint64_t *seed) {
-        E = E_; K = K_; N = N_;
+        E = E_;
+        K = K_;
+        N = N_;
         const size_t nw = (size_t)E * K * N / 8, nz = (size_t)E * (K / G) * N / 8, ns = (size_t)E * (K / G) * N;
         std::vector<uint32_t> h(std::max(nw, nz));
         std::vector<uint16_t> hs(ns);
@@ -77,7 +79,12 @@ struct Stack {
         GPU_CHECK(cudaDeviceSynchronize());
     }
     void release() {
-        cudaFree(qweight); cudaFree(qzeros); cudaFree(scales); cudaFree(mweight); cudaFree(mzeros); cudaFree(mscales);
+        cudaFree(qweight);
+        cudaFree(qzeros);
+        cudaFree(scales);
+        cudaFree(mweight);
+        cudaFree(mzeros);
+        cudaFree(mscales);
     }
 };
 
@@ -102,10 +109,16 @@ size_t g_ws_bytes = 0;
 
 void free_routes(ModelData *d) {
     for (Routing &r : d->routes) {
-        cudaFree(r.sorted); cudaFree(r.eids); cudaFree(r.npp); cudaFree(r.tw);
+        cudaFree(r.sorted);
+        cudaFree(r.eids);
+        cudaFree(r.npp);
+        cudaFree(r.tw);
     }
     d->routes.clear();
-    cudaFree(d->x); cudaFree(d->h); cudaFree(d->a2); cudaFree(d->y);
+    cudaFree(d->x);
+    cudaFree(d->h);
+    cudaFree(d->a2);
+    cudaFree(d->y);
     d->x = d->h = d->a2 = d->y = nullptr;
 }
 
@@ -161,8 +174,8 @@ ModelData *model_data(const Model *m, int T) {
         R.npp = (int32_t *)gpu_alloc(4);
         R.tw = (float *)gpu_upload(tw.data(), (size_t)n * 4);
         GPU_CHECK(cudaMemcpy(d_ids, ids.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
-        W4_CHECK(w4a16_moe_align_block_size(d_ids, T, m->top_k, m->E, bs, R.sorted, R.cap, R.eids, R.bcap, R.npp,
-                                            nullptr));
+        W4_CHECK(
+            w4a16_moe_align_block_size(d_ids, T, m->top_k, m->E, bs, R.sorted, R.cap, R.eids, R.bcap, R.npp, nullptr));
         GPU_CHECK(cudaDeviceSynchronize());
         d->routes.push_back(R);
     }
@@ -189,12 +202,11 @@ void launch(Path p, ModelData *d, bool down, int i) {
     const int M = down ? d->T * m->top_k : d->T, tk = down ? 1 : m->top_k;
     const float *tw = down ? R.tw : nullptr;
     w4a16_status st =
-        p == MARLIN ? w4a16_moe_marlin_gemm(A, s.mweight, s.mscales, s.mzeros, nullptr, tw, C, R.sorted, R.eids, R.npp,
-                                            R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws,
-                                            g_ws_bytes, nullptr)
-                    : w4a16_moe_awq_gemm(A, s.qweight, s.scales, s.qzeros, nullptr, tw, C, R.sorted, R.eids, R.npp,
-                                         R.cap, R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws, g_ws_bytes,
-                                         nullptr);
+        p == MARLIN
+            ? w4a16_moe_marlin_gemm(A, s.mweight, s.mscales, s.mzeros, nullptr, tw, C, R.sorted, R.eids, R.npp, R.cap,
+                                    R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws, g_ws_bytes, nullptr)
+            : w4a16_moe_awq_gemm(A, s.qweight, s.scales, s.qzeros, nullptr, tw, C, R.sorted, R.eids, R.npp, R.cap,
+                                 R.bcap, R.bs, M, tk, m->E, s.N, s.K, G, W4A16_FP16, g_ws, g_ws_bytes, nullptr);
     W4_CHECK(st);
 }
 
@@ -268,7 +280,10 @@ void register_all() {
         if (!opt.models.empty() && std::string(m.name).find(opt.models) == std::string::npos) continue;
         for (int T : opt.ts)
             for (int down = 0; down < 2; down++) {
-                struct V { Path p; const char *profile; };
+                struct V {
+                    Path p;
+                    const char *profile;
+                };
                 std::vector<V> vs = {{MARLIN, nullptr}};
                 if (opt.awq) vs.push_back({AWQ, nullptr});
                 if (opt.sm120) vs.push_back({MARLIN, "sm120"});
@@ -321,7 +336,9 @@ void measure_ceilings() {
     }
     dev.cublas_tflops = 2.0 * n * n * (double)n / (best * 1e-3) / 1e12;
     cublasDestroy(blas);
-    cudaFree(x); cudaFree(y); cudaFree(z);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(z);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -341,9 +358,10 @@ void summary() {
             dev.copy_tbps, dev.cublas_tflops);
     for (size_t i = 0; i < rows.size(); i++) {
         const Row &r = rows[i];
-        fprintf(f, "  {\"model\": \"%s\", \"gemm\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"T\": %d, "
-                   "\"E\": %d, "
-                   "\"top_k\": %d, \"K\": %d, \"N\": %d, \"us\": %.3f, \"floor_us\": %.3f, \"experts\": %.2f}%s\n",
+        fprintf(f,
+                "  {\"model\": \"%s\", \"gemm\": \"%s\", \"path\": \"%s\", \"profile\": \"%s\", \"T\": %d, "
+                "\"E\": %d, "
+                "\"top_k\": %d, \"K\": %d, \"N\": %d, \"us\": %.3f, \"floor_us\": %.3f, \"experts\": %.2f}%s\n",
                 r.model.c_str(), r.gemm.c_str(), r.path.c_str(), r.profile.c_str(), r.T, r.E, r.top_k, r.K, r.N, r.us,
                 r.floor_us, r.touched, i + 1 < rows.size() ? "," : "");
     }
@@ -368,11 +386,16 @@ void parse(int &argc, char **argv) {
                 while (*p && *p != ',') p++;
                 if (*p) p++;
             }
-        } else if ((v = val("--models"))) opt.models = v;
-        else if ((v = val("--sm120"))) opt.sm120 = atoi(v) != 0;
-        else if ((v = val("--awq"))) opt.awq = atoi(v) != 0;
-        else if ((v = val("--json"))) opt.json = v;
-        else argv[out++] = argv[i];
+        } else if ((v = val("--models")))
+            opt.models = v;
+        else if ((v = val("--sm120")))
+            opt.sm120 = atoi(v) != 0;
+        else if ((v = val("--awq")))
+            opt.awq = atoi(v) != 0;
+        else if ((v = val("--json")))
+            opt.json = v;
+        else
+            argv[out++] = argv[i];
     }
     argc = out;
 }

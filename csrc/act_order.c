@@ -1,6 +1,6 @@
 /* Act-order (desc_act) GPTQ on the host: the row permutation that sorts g_idx, checked to give whole groups. */
-#include <stdlib.h>
 #include "internal.h"
+#include <stdlib.h>
 
 /* Rows per group of g_idx, in a new array of groups + 1 ints (counts[g]; the extra slot is for the callers' prefix
  * sums), or NULL with the failure recorded: out of memory, or a g_idx entry outside [0, groups) (`bound` names the
@@ -13,8 +13,8 @@ static int *count_groups(const int32_t *g_idx, int K, int groups, const char *bo
     }
     for (int k = 0; k < K; k++) {
         if (g_idx[k] < 0 || g_idx[k] >= groups) {
-            *status = w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, %s=%d)", k, g_idx[k], bound,
-                                 groups);
+            *status =
+                w4a16_fail(W4A16_ERR_INVALID_VALUE, "g_idx[%d]=%d is outside [0, %s=%d)", k, g_idx[k], bound, groups);
             free(counts);
             return NULL;
         }
@@ -40,7 +40,8 @@ w4a16_status w4a16_act_order_sort(const int32_t *g_idx, int K, int group_size, i
             free(start);
             return w4a16_fail(W4A16_ERR_NOT_IMPLEMENTED,
                               "group %d holds %d rows, not group_size=%d: groups are cut (a K shard, is_k_full=false): "
-                              "use w4a16_act_order_plan", g, n, G);
+                              "use w4a16_act_order_plan",
+                              g, n, G);
         }
         start[g] = first;
         first += G;

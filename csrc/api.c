@@ -1,9 +1,9 @@
 /* Public entry points: validate everything, plan the launch (csrc/plan.c), then launch.
  * Nothing here allocates or synchronises; a non-OK status means nothing was launched. */
+#include "internal.h"
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <string.h>
-#include "internal.h"
 
 /* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
 static int group_shift(int G) {
@@ -30,12 +30,22 @@ static w4a16_status prepare_gemm(int layout, const void *A, const void *B, const
     if (s != W4A16_OK) return s;
     size_t need = w4a16_workspace_bytes_for(st->sm_count);
     if (workspace_bytes > 0 && workspace_bytes < need)
-        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
-                          "w4a16_workspace_size() asks for on device %d", op, workspace_bytes, need, device);
+        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL,
+                          "%s: workspace_bytes=%zu is less than the %zu bytes "
+                          "w4a16_workspace_size() asks for on device %d",
+                          op, workspace_bytes, need, device);
     *state = st;
     *a = (w4a16_gemm_launch){0};
     a->args = (w4a16_gemm_args){
-        .A = A, .B = B, .scales = scales, .zeros = zeros, .bias = bias, .C = C, .M = M, .N = N, .K = K,
+        .A = A,
+        .B = B,
+        .scales = scales,
+        .zeros = zeros,
+        .bias = bias,
+        .C = C,
+        .M = M,
+        .N = N,
+        .K = K,
         .gshift = group_shift(G),
         .counters = workspace,
         .partials = workspace ? (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count) : NULL,
@@ -60,12 +70,12 @@ static w4a16_status run_staged(const w4a16_gemm_launch *a, int G, void *workspac
     const int N = g->N, nc = a->plan.slab_channels;
     for (int n0 = 0; n0 < N; n0 += nc) {
         const int n = N - n0 < nc ? N - n0 : nc;
-        int e = a->layout == W4A16_LAYOUT_AWQ
-                    ? w4a16_launch_awq_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab,
-                                                 g->K, N, G, n0, n, a->dtype, a->stream)
-                    : w4a16_launch_marlin_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab,
-                                                    g->K, N, g->gshift, g->marlin_channelwise, n0, n, a->dtype,
-                                                    a->stream);
+        int e =
+            a->layout == W4A16_LAYOUT_AWQ
+                ? w4a16_launch_awq_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab, g->K, N,
+                                             G, n0, n, a->dtype, a->stream)
+                : w4a16_launch_marlin_dequant_t((const int32_t *)g->B, g->scales, (const int32_t *)g->zeros, slab, g->K,
+                                                N, g->gshift, g->marlin_channelwise, n0, n, a->dtype, a->stream);
         if (e == 0)
             e = w4a16_launch_dense_gemm(g->A, slab, g->bias ? (const char *)g->bias + n0 * elt : NULL,
                                         (char *)g->C + n0 * elt, g->M, n, g->K, N, a->dtype,
@@ -80,8 +90,8 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
                              size_t workspace_bytes, unsigned flags, w4a16_stream_t stream, const char *op) {
     const w4a16_device_state *st;
     w4a16_gemm_launch a;
-    w4a16_status s = prepare_gemm(layout, A, B, scales, zeros, bias, C, M, N, K, G, dtype, workspace,
-                                  workspace_bytes, flags, stream, op, &st, &a);
+    w4a16_status s = prepare_gemm(layout, A, B, scales, zeros, bias, C, M, N, K, G, dtype, workspace, workspace_bytes,
+                                  flags, stream, op, &st, &a);
     if (s != W4A16_OK) return s;
     if (st->log_level >= 2) {
         char text[256];
@@ -148,8 +158,8 @@ w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, c
                     workspace, workspace_bytes, flags, stream, "w4a16_marlin_gemm");
 }
 
-w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4a16_dtype dtype,
-                             size_t workspace_bytes, w4a16_gemm_plan_info *info) {
+w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4a16_dtype dtype, size_t workspace_bytes,
+                             w4a16_gemm_plan_info *info) {
     w4a16_clear_error();
     w4a16_status s;
     int G;
@@ -159,8 +169,8 @@ w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4
         return s;
     const w4a16_device_state *st;
     w4a16_gemm_launch a;
-    if ((s = prepare_gemm(marlin ? W4A16_LAYOUT_MARLIN : W4A16_LAYOUT_AWQ, NULL, NULL, NULL, NULL, NULL, NULL, M, N,
-                          K, G, dtype, NULL, workspace_bytes, 0, NULL, "w4a16_gemm_plan", &st, &a)))
+    if ((s = prepare_gemm(marlin ? W4A16_LAYOUT_MARLIN : W4A16_LAYOUT_AWQ, NULL, NULL, NULL, NULL, NULL, NULL, M, N, K,
+                          G, dtype, NULL, workspace_bytes, 0, NULL, "w4a16_gemm_plan", &st, &a)))
         return s;
     int occupancy = 0;
     if (a.plan.kind != W4A16_KERNEL_STAGED) {
@@ -215,13 +225,12 @@ w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin
     w4a16_status s;
     int device;
     const w4a16_device_state *st;
-    if ((s = check_convert(awq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_current_device(&device, &st)))
-        return s;
+    if ((s = check_convert(awq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_current_device(&device, &st))) return s;
     return launch_status(w4a16_launch_repack_awq(awq_qweight, marlin_weight, K, N, stream), "w4a16_marlin_repack_awq");
 }
 
-w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm, int32_t *marlin_weight,
-                                      int K, int N, w4a16_stream_t stream) {
+w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm, int32_t *marlin_weight, int K,
+                                      int N, w4a16_stream_t stream) {
     w4a16_clear_error();
     w4a16_status s;
     int device;

@@ -7,12 +7,12 @@
  * timings, are those its GPUs would see; K splits and grids still use the device's own SM count. Before any profile is
  * accepted, one kernel image is loaded (cudaFuncGetAttributes) so a GPU this build cannot run is reported
  * here, naming its compute capability and the compiled architectures, and never reached by a launch. */
+#include "internal.h"
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
 
 #ifndef W4A16_SASS_ARCHS
 #define W4A16_SASS_ARCHS ""
@@ -64,8 +64,7 @@ static int driver_version(void) {
 
 static w4a16_status check_driver(void) {
     int drv = driver_version();
-    if (drv == 0)
-        return w4a16_fail(W4A16_ERR_NO_DEVICE, "no NVIDIA driver found (libcuda.so.1 could not be loaded)");
+    if (drv == 0) return w4a16_fail(W4A16_ERR_NO_DEVICE, "no NVIDIA driver found (libcuda.so.1 could not be loaded)");
     if (drv < CUDART_VERSION)
         return w4a16_fail(W4A16_ERR_DRIVER_TOO_OLD,
                           "the NVIDIA driver supports CUDA %d.%d but this build of w4a16 needs CUDA %d.%d "
@@ -138,8 +137,8 @@ static void init_state(int device, w4a16_device_state *st) {
     if (arch < 80) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
         snprintf(st->reason, sizeof st->reason,
-                 "%s has compute capability %d.%d; w4a16 needs 8.0 or newer (compiled for %s)", prop.name,
-                 prop.major, prop.minor, w4a16_compiled_archs());
+                 "%s has compute capability %d.%d; w4a16 needs 8.0 or newer (compiled for %s)", prop.name, prop.major,
+                 prop.minor, w4a16_compiled_archs());
         return;
     }
     int bin = 0;
@@ -179,8 +178,10 @@ static void init_state(int device, w4a16_device_state *st) {
     }
     if (!p) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
-        snprintf(st->reason, sizeof st->reason, "no w4a16 profile fits %s (compute capability %d.%d, %zu bytes of "
-                 "shared memory per block)", prop.name, prop.major, prop.minor, st->smem_optin);
+        snprintf(st->reason, sizeof st->reason,
+                 "no w4a16 profile fits %s (compute capability %d.%d, %zu bytes of "
+                 "shared memory per block)",
+                 prop.name, prop.major, prop.minor, st->smem_optin);
         return;
     }
     const int is_forced = forced && *forced && strcmp(forced, "auto") != 0;
@@ -192,10 +193,10 @@ static void init_state(int device, w4a16_device_state *st) {
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
                  p->wgmma_large_min_m, staged);
-    snprintf(st->reason, sizeof st->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s",
-             p->name, is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count,
-             st->smem_optin / 1024, has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)",
-             wg, emu);
+    snprintf(st->reason, sizeof st->reason,
+             "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s", p->name,
+             is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count, st->smem_optin / 1024,
+             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg, emu);
     if (st->log_level) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
 }
 
@@ -283,8 +284,7 @@ w4a16_status w4a16_force_profile(const char *name) {
     int automatic = !name || !*name || strcmp(name, "auto") == 0;
     const w4a16_profile *p = automatic ? NULL : w4a16_find_profile(name);
     if (!automatic && !p)
-        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "profile '%s' does not exist (%s)", name,
-                          w4a16_profile_list_text());
+        return w4a16_fail(W4A16_ERR_INVALID_VALUE, "profile '%s' does not exist (%s)", name, w4a16_profile_list_text());
     int device = -1;
     const w4a16_device_state *st;
     w4a16_status s = w4a16_current_device(&device, &st);

@@ -1,16 +1,15 @@
 /* Private declarations shared by the host-side C files of libw4a16. */
 #ifndef W4A16_INTERNAL_H
 #define W4A16_INTERNAL_H
-#include <stdarg.h>
 #include "../include/w4a16.h"
 #include "../kernels/configs.h"
 #include "../kernels/launch.h"
+#include <stdarg.h>
 
 #define W4A16_HIDDEN __attribute__((visibility("hidden")))
 
 /* Record `status` with a printf-style message on this thread and return it. */
-W4A16_HIDDEN w4a16_status w4a16_fail(w4a16_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+W4A16_HIDDEN w4a16_status w4a16_fail(w4a16_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 W4A16_HIDDEN void w4a16_clear_error(void);
 
 /* One tile choice of a profile: a compiled config (W4A16_CFG_*) and its pipeline depth. */
@@ -58,16 +57,16 @@ typedef struct w4a16_device_state {
     w4a16_status status; /* why the device cannot be used, or W4A16_OK */
     char reason[256];
     int sm_count;
-    size_t smem_optin;   /* shared memory per block (opt-in limit) */
+    size_t smem_optin;      /* shared memory per block (opt-in limit) */
     int device_smem_per_sm; /* the device's shared memory per SM */
-    int smem_per_sm;     /* shared memory per SM the plans count resident blocks with: the device's, or the smaller
-                            one of a forced profile's architecture (then held to it by `carveout`) */
-    int smem_reserved;   /* shared memory the system reserves per block */
-    int carveout;        /* -1, or the shared-memory carveout (percent) that holds an SM to smem_per_sm */
+    int smem_per_sm;        /* shared memory per SM the plans count resident blocks with: the device's, or the smaller
+                               one of a forced profile's architecture (then held to it by `carveout`) */
+    int smem_reserved;      /* shared memory the system reserves per block */
+    int carveout;           /* -1, or the shared-memory carveout (percent) that holds an SM to smem_per_sm */
     const w4a16_profile *profile;
-    int wgmma;           /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
-    int pdl;             /* programmatic dependent launch exists (compute capability 9.0 and up): W4A16_FLAG_PDL */
-    int log_level;       /* W4A16_LOG at first use: 1 device choices, 2 also every GEMM's plan */
+    int wgmma;     /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
+    int pdl;       /* programmatic dependent launch exists (compute capability 9.0 and up): W4A16_FLAG_PDL */
+    int log_level; /* W4A16_LOG at first use: 1 device choices, 2 also every GEMM's plan */
 } w4a16_device_state;
 
 /* Use profile `p` on the device of `st` (csrc/device.c); `forced`: chosen by W4A16_PROFILE / w4a16_force_profile,

@@ -1,8 +1,8 @@
 /* Mixture-of-experts entry points: routing, the grouped GEMMs and the stacked-expert converters. Every argument is
  * checked before anything is launched; nothing is allocated and nothing synchronised. */
-#include <cuda_runtime_api.h>
-#include "internal.h"
 #include "../kernels/moe_launch.h"
+#include "internal.h"
+#include <cuda_runtime_api.h>
 
 static w4a16_status moe_launch_status(int err, const char *op) {
     if (err == cudaSuccess) return W4A16_OK;
@@ -28,8 +28,10 @@ static w4a16_status check_routing_shape(int num_tokens, int top_k, int num_exper
     long long cap = n + used * (block_size - 1);
     cap = cap / block_size * block_size;
     if (cap > 2147483647LL - 1024)
-        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "num_tokens=%d x top_k=%d with block_size=%d needs %lld routing "
-                          "entries, more than int32 indexes", num_tokens, top_k, block_size, cap);
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW,
+                          "num_tokens=%d x top_k=%d with block_size=%d needs %lld routing "
+                          "entries, more than int32 indexes",
+                          num_tokens, top_k, block_size, cap);
     *entries = (int)n;
     *sorted_capacity = (int)cap;
     return W4A16_OK;
@@ -66,11 +68,15 @@ w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens,
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=%d / blocks_capacity=%d: at most %d entries",
                           sorted_capacity, blocks_capacity, 2147483647 - 1024);
     if (sorted_capacity < cap)
-        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d is less than the %d entries "
-                          "w4a16_moe_align_sizes() asks for", sorted_capacity, cap);
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE,
+                          "sorted_capacity=%d is less than the %d entries "
+                          "w4a16_moe_align_sizes() asks for",
+                          sorted_capacity, cap);
     if (blocks_capacity < cap / block_size)
-        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "blocks_capacity=%d is less than the %d blocks "
-                          "w4a16_moe_align_sizes() asks for", blocks_capacity, cap / block_size);
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE,
+                          "blocks_capacity=%d is less than the %d blocks "
+                          "w4a16_moe_align_sizes() asks for",
+                          blocks_capacity, cap / block_size);
     if ((s = w4a16_current_device(&device, &st))) return s;
     return moe_launch_status(w4a16_launch_moe_align(topk_ids, n, num_experts, block_size, sorted_ids, sorted_capacity,
                                                     expert_ids, blocks_capacity, num_tokens_post_padded, stream),
@@ -133,8 +139,7 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
     const char *wname = layout == W4A16_LAYOUT_AWQ ? "qweight" : "weight";
     const char *zname = layout == W4A16_LAYOUT_AWQ ? "qzeros" : "zeros";
     if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_ptr(A, "A", 16, 1)) ||
-        (s = w4a16_check_ptr(W, wname, 16, 1)) ||
-        (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
+        (s = w4a16_check_ptr(W, wname, 16, 1)) || (s = w4a16_check_ptr(scales, "scales", 16, 1)) ||
         (s = w4a16_check_ptr(zeros, zname, 16, layout == W4A16_LAYOUT_AWQ)) ||
         (s = w4a16_check_ptr(bias, "bias", 4, 0)) || (s = w4a16_check_ptr(topk_weights, "topk_weights", 4, 0)) ||
         (s = w4a16_check_ptr(C, "C", 16, 1)) || (s = w4a16_check_ptr(sorted_ids, "sorted_ids", 4, 1)) ||
@@ -149,8 +154,10 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
     if (block_size < 8 || block_size > 64 || block_size % 8)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not a multiple of 8 in 8..64", block_size);
     if (sorted_capacity < block_size || blocks_capacity < 1)
-        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d must hold a block of %d and blocks_capacity=%d "
-                          "at least 1", sorted_capacity, block_size, blocks_capacity);
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE,
+                          "sorted_capacity=%d must hold a block of %d and blocks_capacity=%d "
+                          "at least 1",
+                          sorted_capacity, block_size, blocks_capacity);
     if ((long long)blocks_capacity * block_size < sorted_capacity)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "blocks_capacity=%d x block_size=%d is less than sorted_capacity=%d",
                           blocks_capacity, block_size, sorted_capacity);
@@ -160,25 +167,41 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         return s;
     if ((s = w4a16_current_device(&device, &st))) return s;
     if (workspace_bytes > 0 && workspace_bytes < moe_workspace_bytes(st->sm_count))
-        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes=%zu is less than the %zu bytes "
-                          "w4a16_moe_workspace_size() asks for on device %d", op, workspace_bytes,
-                          moe_workspace_bytes(st->sm_count), device);
+        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL,
+                          "%s: workspace_bytes=%zu is less than the %zu bytes "
+                          "w4a16_moe_workspace_size() asks for on device %d",
+                          op, workspace_bytes, moe_workspace_bytes(st->sm_count), device);
     w4a16_moe_launch a = {0};
-    a.A = A; a.B = W; a.scales = scales; a.zeros = zeros; a.bias = bias; a.topk_weights = topk_weights; a.C = C;
-    a.sorted_ids = sorted_ids; a.expert_ids = expert_ids; a.num_post_padded = num_post_padded;
+    a.A = A;
+    a.B = W;
+    a.scales = scales;
+    a.zeros = zeros;
+    a.bias = bias;
+    a.topk_weights = topk_weights;
+    a.C = C;
+    a.sorted_ids = sorted_ids;
+    a.expert_ids = expert_ids;
+    a.num_post_padded = num_post_padded;
     a.sorted_capacity = sorted_capacity;
     a.grid_blocks = (sorted_capacity + block_size - 1) / block_size;
-    a.block_size = block_size; a.M = M; a.top_k = top_k; a.num_experts = E; a.N = N; a.K = K;
+    a.block_size = block_size;
+    a.M = M;
+    a.top_k = top_k;
+    a.num_experts = E;
+    a.N = N;
+    a.K = K;
     a.gshift = moe_group_shift(G);
     a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
-    a.dtype = dtype; a.layout = layout;
+    a.dtype = dtype;
+    a.layout = layout;
     /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
      * 100 KB parts (sm_86/89/120/121 profiles), so two blocks of the largest tile still fit an SM */
     a.stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
     if ((size_t)w4a16_moe_smem_bytes(block_size, layout, a.stages) > st->smem_optin)
-        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE, "%s: block_size=%d needs %d bytes of shared memory; device %d "
-                          "allows %zu", op, block_size, w4a16_moe_smem_bytes(block_size, layout, a.stages), device,
-                          st->smem_optin);
+        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
+                          "%s: block_size=%d needs %d bytes of shared memory; device %d "
+                          "allows %zu",
+                          op, block_size, w4a16_moe_smem_bytes(block_size, layout, a.stages), device, st->smem_optin);
     a.splits = 1;
     if (workspace_bytes > 0) {
         const long long tiles = (long long)a.grid_blocks * ((N + 63) / 64);
@@ -194,8 +217,8 @@ w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const v
                                    const void *bias, const float *topk_weights, void *C, const int32_t *sorted_ids,
                                    const int32_t *expert_ids, const int32_t *num_tokens_post_padded,
                                    int sorted_capacity, int blocks_capacity, int block_size, int M, int top_k,
-                                   int num_experts, int N, int K, int group_size, w4a16_dtype dtype,
-                                   void *workspace, size_t workspace_bytes, w4a16_stream_t stream) {
+                                   int num_experts, int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                   size_t workspace_bytes, w4a16_stream_t stream) {
     w4a16_clear_error();
     return moe_gemm(W4A16_LAYOUT_MARLIN, A, weight, scales, zeros, bias, topk_weights, C, sorted_ids, expert_ids,
                     num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
@@ -279,8 +302,8 @@ w4a16_status w4a16_moe_marlin_permute_scales(const void *scales, void *marlin_sc
     return W4A16_OK;
 }
 
-w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int num_experts,
-                                              int K, int N, int group_size, w4a16_stream_t stream) {
+w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int num_experts, int K,
+                                              int N, int group_size, w4a16_stream_t stream) {
     w4a16_clear_error();
     w4a16_status s;
     int G, device;

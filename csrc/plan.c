@@ -2,8 +2,8 @@
  * call: which kernel, which compiled tile config and pipeline depth, how many K splits, which grid. Nothing
  * downstream decides again: kernels/dispatch.cu launches exactly this. Pure C over data, so the CPU tests
  * (tests/test_plan.c) check the plans of GPUs this machine does not have. */
-#include <stdio.h>
 #include "internal.h"
+#include <stdio.h>
 
 enum { MAX_SPLITS = 16 };
 
@@ -28,8 +28,8 @@ int w4a16_staged_slab_channels(int M, int N, int K, size_t workspace_bytes, int 
 }
 
 int w4a16_staged_grid(int M, int nc, int sm_count) {
-    const long long tiles = (long long)((M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM) *
-                            ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN);
+    const long long tiles =
+        (long long)((M + W4A16_DENSE_TM - 1) / W4A16_DENSE_TM) * ((nc + W4A16_DENSE_BN - 1) / W4A16_DENSE_BN);
     return tiles < sm_count ? (int)tiles : sm_count;
 }
 
@@ -38,8 +38,9 @@ static int cdiv(int a, int b) { return (a + b - 1) / b; }
 /* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
 static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t workspace_bytes, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
-    int id = M >= p->wgmma_large_min_m ? W4A16_WGMMA_T256 : M >= p->wgmma_t128_min_m ? W4A16_WGMMA_T128
-                                                                                        : W4A16_WGMMA_T64;
+    int id = M >= p->wgmma_large_min_m  ? W4A16_WGMMA_T256
+             : M >= p->wgmma_t128_min_m ? W4A16_WGMMA_T128
+                                        : W4A16_WGMMA_T64;
     /* few 128-token tiles leave the SMs to split-K: the 64-token tile runs two blocks per SM */
     if (id == W4A16_WGMMA_T128 &&
         (long long)cdiv(M, w4a16_wgmma_tm(id)) * cdiv(N, w4a16_wgmma_bn(id)) < p->wgmma_t128_min_tiles)
@@ -106,9 +107,9 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
     const int decode = w4a16_cfg_is_decode(c);
     /* decode tiles: 8 tokens per MMA up to M = 8; beyond, 16 where the register budget allows (configs.h) */
-    pl->kind = decode && M <= 8                                   ? W4A16_KERNEL_DECODE8
-               : decode && c->minb <= W4A16_DECODE16_MAX_MINB     ? W4A16_KERNEL_DECODE16
-                                                                  : W4A16_KERNEL_MMA;
+    pl->kind = decode && M <= 8                               ? W4A16_KERNEL_DECODE8
+               : decode && c->minb <= W4A16_DECODE16_MAX_MINB ? W4A16_KERNEL_DECODE16
+                                                              : W4A16_KERNEL_MMA;
     pl->cfg = tc->cfg;
     pl->stages = tc->stages;
     pl->threads = w4a16_cfg_threads(c);
@@ -132,8 +133,9 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
 
 const char *w4a16_kernel_kind_name(int kind) {
     switch (kind) {
-#define W4A16_KIND_NAME_(sym, text) \
-    case W4A16_KERNEL_##sym: return text;
+#define W4A16_KIND_NAME_(sym, text)                                                                                    \
+    case W4A16_KERNEL_##sym:                                                                                           \
+        return text;
         W4A16_KERNEL_KINDS(W4A16_KIND_NAME_)
 #undef W4A16_KIND_NAME_
     }
@@ -146,16 +148,19 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
         n = snprintf(buf, size, "staged: slabs of %d channels, dense GEMM on %d blocks", pl->slab_channels,
                      pl->grid[0]);
     else if (pl->kind == W4A16_KERNEL_WGMMA)
-        n = snprintf(buf, size, "wgmma config %d (%d tokens x %d channels, %d stages), %d K split%s, grid %dx%dx%d, "
-                     "%d threads, %d block%s/SM", pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg),
-                     pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2],
-                     pl->threads, pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
-    else
-        n = snprintf(buf, size, "%s config %d (%s, %d stages), %d K split%s, grid %dx%dx%d, %d threads, "
-                     "%d bytes shared, %d block%s/SM", w4a16_kernel_kind_name(pl->kind), pl->cfg,
-                     w4a16_config(pl->cfg)->name, pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0],
-                     pl->grid[1], pl->grid[2], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
+        n = snprintf(buf, size,
+                     "wgmma config %d (%d tokens x %d channels, %d stages), %d K split%s, grid %dx%dx%d, "
+                     "%d threads, %d block%s/SM",
+                     pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
+                     pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
+    else
+        n = snprintf(buf, size,
+                     "%s config %d (%s, %d stages), %d K split%s, grid %dx%dx%d, %d threads, "
+                     "%d bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), pl->cfg, w4a16_config(pl->cfg)->name, pl->stages, pl->splits,
+                     pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->smem_bytes,
+                     pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
     if (pl->carveout >= 0 && n > 0 && (size_t)n < size)
         snprintf(buf + n, size - n, ", carveout %d%% (emulated SM)", pl->carveout);
 }

@@ -2,8 +2,8 @@
  * and how many pipeline stages run in each M regime, and the thresholds that choose between tiles. csrc/plan.c turns
  * a profile, a device and a call into a launch plan; csrc/device.c picks the profile per device. The measurements
  * behind each choice are in docs/PERFORMANCE.md ("Profile choices"). */
-#include <string.h>
 #include "internal.h"
+#include <string.h>
 
 static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 #define W4A16_CFG_ROW_(id, sym, name, MT, WM, NH, WN, WK, KS, MINB) {id, name, MT, WM, NH, WN, WK, KS, MINB},
@@ -16,55 +16,91 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
 /* Every profile's M regimes and tile thresholds: decode tiles up to M = 32 (two 16-row tiles beat one 64-row tile
  * there), the deep decode tile when its tiles make fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's
  * tiles alone fill every SM. */
-#define W4A16_MMA_REGIMES                                                                                           \
-    .small_max_m = 32, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                           \
-    .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4
+#define W4A16_MMA_REGIMES                                                                                              \
+    .small_max_m = 32, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2, .mid_wide_tiles_per_sm = 1,  \
+    .deep_decode_min_kt = 4
 
 /* Tiles of the parts with 99 KB of shared memory per block (sm_86, 89, 120, 121): one stage fewer for the larger
  * tiles, and the 128-k decode tile also when K is split (two of its 3-stage blocks fit a 100 KB SM). */
-#define W4A16_TILES_100KB                                                                                           \
-    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE, 3}, .mid = {W4A16_CFG_MID, 3},                \
-    .mid_wide = {W4A16_CFG_MID2, 4}, .mid2 = {W4A16_CFG_MID2, 4}, .large = {W4A16_CFG_LARGE_MARLIN, 3},              \
+#define W4A16_TILES_100KB                                                                                              \
+    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE, 3}, .mid = {W4A16_CFG_MID, 3},                   \
+    .mid_wide = {W4A16_CFG_MID2, 4}, .mid2 = {W4A16_CFG_MID2, 4}, .large = {W4A16_CFG_LARGE_MARLIN, 3},                \
     .large_awq = {W4A16_CFG_LARGE_AWQ, 3}
 
 /* Tiles of the parts with 163 KB or more per block (sm_80, 90, 100) from M = 17. */
-#define W4A16_TILES_164KB_MID_LARGE                                                                                 \
-    .mid = {W4A16_CFG_MID, 4}, .mid_wide = {W4A16_CFG_MID2, 5}, .mid2 = {W4A16_CFG_MID2, 5},                        \
+#define W4A16_TILES_164KB_MID_LARGE                                                                                    \
+    .mid = {W4A16_CFG_MID, 4}, .mid_wide = {W4A16_CFG_MID2, 5}, .mid2 = {W4A16_CFG_MID2, 5},                           \
     .large = {W4A16_CFG_LARGE_MARLIN, 4}, .large_awq = {W4A16_CFG_LARGE_AWQ, 4}
 /* Their decode tiles: the deep one with 2 stages when K is split. */
-#define W4A16_TILES_164KB                                                                                           \
+#define W4A16_TILES_164KB                                                                                              \
     .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 2}, W4A16_TILES_164KB_MID_LARGE
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
 
 static const w4a16_profile sm80 = {
-    .name = "sm80", .arch = 80, .fallback = NULL, .smem_per_sm = SMEM_164KB, W4A16_MMA_REGIMES, W4A16_TILES_164KB,
+    .name = "sm80",
+    .arch = 80,
+    .fallback = NULL,
+    .smem_per_sm = SMEM_164KB,
+    W4A16_MMA_REGIMES,
+    W4A16_TILES_164KB,
 };
 static const w4a16_profile sm86 = {
-    .name = "sm86", .arch = 86, .fallback = "sm80", .smem_per_sm = SMEM_100KB, W4A16_MMA_REGIMES, W4A16_TILES_100KB,
+    .name = "sm86",
+    .arch = 86,
+    .fallback = "sm80",
+    .smem_per_sm = SMEM_100KB,
+    W4A16_MMA_REGIMES,
+    W4A16_TILES_100KB,
 };
 static const w4a16_profile sm89 = {
-    .name = "sm89", .arch = 89, .fallback = "sm86", .smem_per_sm = SMEM_100KB, W4A16_MMA_REGIMES, W4A16_TILES_100KB,
+    .name = "sm89",
+    .arch = 89,
+    .fallback = "sm86",
+    .smem_per_sm = SMEM_100KB,
+    W4A16_MMA_REGIMES,
+    W4A16_TILES_100KB,
 };
 /* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; from M = 17 the sm_90a wgmma kernel,
  * from M = 1024 the staged path when the workspace holds a slab. */
 static const w4a16_profile sm90 = {
-    .name = "sm90", .arch = 90, .fallback = "sm80", .smem_per_sm = SMEM_228KB, W4A16_MMA_REGIMES,
-    .small = {W4A16_CFG_DECODE_DEEP, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 3}, W4A16_TILES_164KB_MID_LARGE,
-    .wgmma_min_m = 17, .wgmma_t128_min_m = 65, .wgmma_large_min_m = 129,
-    .wgmma_t128_min_tiles = 32, .wgmma_wide_min_half_tiles_per_sm = 3,
+    .name = "sm90",
+    .arch = 90,
+    .fallback = "sm80",
+    .smem_per_sm = SMEM_228KB,
+    W4A16_MMA_REGIMES,
+    .small = {W4A16_CFG_DECODE_DEEP, 3},
+    .small_split = {W4A16_CFG_DECODE_DEEP, 3},
+    W4A16_TILES_164KB_MID_LARGE,
+    .wgmma_min_m = 17,
+    .wgmma_t128_min_m = 65,
+    .wgmma_large_min_m = 129,
+    .wgmma_t128_min_tiles = 32,
+    .wgmma_wide_min_half_tiles_per_sm = 3,
     .staged_min_m = 1024,
 };
 static const w4a16_profile sm100 = {
-    .name = "sm100", .arch = 100, .fallback = "sm90", .smem_per_sm = SMEM_228KB, W4A16_MMA_REGIMES,
+    .name = "sm100",
+    .arch = 100,
+    .fallback = "sm90",
+    .smem_per_sm = SMEM_228KB,
+    W4A16_MMA_REGIMES,
     W4A16_TILES_164KB,
 };
 static const w4a16_profile sm120 = {
-    .name = "sm120", .arch = 120, .fallback = "sm89", .smem_per_sm = SMEM_100KB, W4A16_MMA_REGIMES,
+    .name = "sm120",
+    .arch = 120,
+    .fallback = "sm89",
+    .smem_per_sm = SMEM_100KB,
+    W4A16_MMA_REGIMES,
     W4A16_TILES_100KB,
 };
 static const w4a16_profile sm121 = {
-    .name = "sm121", .arch = 121, .fallback = "sm120", .smem_per_sm = SMEM_100KB, W4A16_MMA_REGIMES,
+    .name = "sm121",
+    .arch = 121,
+    .fallback = "sm120",
+    .smem_per_sm = SMEM_100KB,
+    W4A16_MMA_REGIMES,
     W4A16_TILES_100KB,
 };
 
@@ -96,8 +132,8 @@ static int choice_smem(const w4a16_tile_choice *c) {
 }
 
 int w4a16_profile_smem_bytes(const w4a16_profile *p) {
-    const w4a16_tile_choice *all[] = {&p->small, &p->mid, &p->mid2, &p->large, &p->large_awq, &p->small_split,
-                                      &p->mid_wide};
+    const w4a16_tile_choice *all[] = {&p->small,     &p->mid,         &p->mid2,    &p->large,
+                                      &p->large_awq, &p->small_split, &p->mid_wide};
     int r = 0;
     for (int i = 0; i < 7; i++) {
         int b = choice_smem(all[i]);

@@ -1,7 +1,7 @@
 /* Version, status sentences and the thread-local last-error message. */
+#include "internal.h"
 #include <stdio.h>
 #include <string.h>
-#include "internal.h"
 
 unsigned w4a16_version_number(void) { return W4A16_VERSION_NUMBER; }
 
@@ -13,8 +13,9 @@ const char *w4a16_version_string(void) {
 
 const char *w4a16_status_string(w4a16_status status) {
     switch (status) {
-#define W4A16_STATUS_CASE_(name, value, text) \
-    case name: return text;
+#define W4A16_STATUS_CASE_(name, value, text)                                                                          \
+    case name:                                                                                                         \
+        return text;
         W4A16_STATUS_LIST(W4A16_STATUS_CASE_)
 #undef W4A16_STATUS_CASE_
     }

@@ -35,8 +35,7 @@ extern "C" {
 #define W4A16_VERSION_MAJOR 0
 #define W4A16_VERSION_MINOR 1
 #define W4A16_VERSION_PATCH 0
-#define W4A16_VERSION_NUMBER \
-    (W4A16_VERSION_MAJOR * 10000 + W4A16_VERSION_MINOR * 100 + W4A16_VERSION_PATCH)
+#define W4A16_VERSION_NUMBER (W4A16_VERSION_MAJOR * 10000 + W4A16_VERSION_MINOR * 100 + W4A16_VERSION_PATCH)
 
 /* The library's W4A16_VERSION_NUMBER; compare with the macro to detect a header/library mismatch. */
 W4A16_API unsigned w4a16_version_number(void);
@@ -46,23 +45,23 @@ W4A16_API const char *w4a16_version_string(void);
 /* ---------------------------------------------------------------- status codes
  * One list: values never change meaning; w4a16_status_string() returns the sentence.
  * 1-19: the caller's arguments; 20-39: the GPU, driver or build; 40+: internal. */
-#define W4A16_STATUS_LIST(X)                                                                        \
-    X(W4A16_OK, 0, "success")                                                                       \
-    X(W4A16_ERR_NULL_POINTER, 1, "a required pointer is NULL")                                      \
-    X(W4A16_ERR_MISALIGNED, 2, "a pointer is not aligned as the operation requires")               \
-    X(W4A16_ERR_INVALID_SHAPE, 3, "a dimension is out of range or not a required multiple")        \
-    X(W4A16_ERR_UNSUPPORTED_GROUP_SIZE, 4, "group size must be 32, 64, 128 or -1 (one group)")     \
-    X(W4A16_ERR_UNSUPPORTED_DTYPE, 5, "data type must be W4A16_FP16 or W4A16_BF16")                \
-    X(W4A16_ERR_WORKSPACE_TOO_SMALL, 6, "the workspace is smaller than w4a16_workspace_size()")    \
-    X(W4A16_ERR_SIZE_OVERFLOW, 7, "a tensor size does not fit the supported index range")          \
-    X(W4A16_ERR_INVALID_VALUE, 8, "an argument has a value outside its allowed set")               \
-    X(W4A16_ERR_NO_DEVICE, 20, "no CUDA device is available")                                      \
-    X(W4A16_ERR_DRIVER_TOO_OLD, 21, "the NVIDIA driver is older than this build of w4a16 needs")   \
-    X(W4A16_ERR_ARCH_UNSUPPORTED, 22, "this GPU architecture cannot run any kernel in this build") \
-    X(W4A16_ERR_PROFILE_UNAVAILABLE, 23, "the requested profile does not fit this GPU")            \
-    X(W4A16_ERR_CUDA, 24, "a CUDA runtime call failed")                                            \
-    X(W4A16_ERR_LAUNCH_FAILED, 25, "a kernel launch failed")                                       \
-    X(W4A16_ERR_NOT_IMPLEMENTED, 26, "this combination of options is not implemented yet")         \
+#define W4A16_STATUS_LIST(X)                                                                                           \
+    X(W4A16_OK, 0, "success")                                                                                          \
+    X(W4A16_ERR_NULL_POINTER, 1, "a required pointer is NULL")                                                         \
+    X(W4A16_ERR_MISALIGNED, 2, "a pointer is not aligned as the operation requires")                                   \
+    X(W4A16_ERR_INVALID_SHAPE, 3, "a dimension is out of range or not a required multiple")                            \
+    X(W4A16_ERR_UNSUPPORTED_GROUP_SIZE, 4, "group size must be 32, 64, 128 or -1 (one group)")                         \
+    X(W4A16_ERR_UNSUPPORTED_DTYPE, 5, "data type must be W4A16_FP16 or W4A16_BF16")                                    \
+    X(W4A16_ERR_WORKSPACE_TOO_SMALL, 6, "the workspace is smaller than w4a16_workspace_size()")                        \
+    X(W4A16_ERR_SIZE_OVERFLOW, 7, "a tensor size does not fit the supported index range")                              \
+    X(W4A16_ERR_INVALID_VALUE, 8, "an argument has a value outside its allowed set")                                   \
+    X(W4A16_ERR_NO_DEVICE, 20, "no CUDA device is available")                                                          \
+    X(W4A16_ERR_DRIVER_TOO_OLD, 21, "the NVIDIA driver is older than this build of w4a16 needs")                       \
+    X(W4A16_ERR_ARCH_UNSUPPORTED, 22, "this GPU architecture cannot run any kernel in this build")                     \
+    X(W4A16_ERR_PROFILE_UNAVAILABLE, 23, "the requested profile does not fit this GPU")                                \
+    X(W4A16_ERR_CUDA, 24, "a CUDA runtime call failed")                                                                \
+    X(W4A16_ERR_LAUNCH_FAILED, 25, "a kernel launch failed")                                                           \
+    X(W4A16_ERR_NOT_IMPLEMENTED, 26, "this combination of options is not implemented yet")                             \
     X(W4A16_ERR_INTERNAL, 40, "internal error in w4a16 (please report)")
 
 typedef enum w4a16_status {
@@ -161,14 +160,14 @@ W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
  * shared memory and carveout, which this sets on the kernel as a launch would). Arguments as for w4a16_awq_gemm
  * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
 typedef struct w4a16_gemm_plan_info {
-    char kernel[16];   /* "decode-8", "decode-16", "mma.sync", "wgmma" or "staged" */
-    int config;        /* tile config id (mma.sync or wgmma list, by kernel) */
+    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma" or "staged" */
+    int config;      /* tile config id (mma.sync or wgmma list, by kernel) */
     int stages, splits, grid[3], threads, smem_bytes;
-    int blocks_per_sm; /* resident blocks per SM the plan sized its K split for */
+    int blocks_per_sm;      /* resident blocks per SM the plan sized its K split for */
     int smem_blocks_per_sm; /* blocks the profile's SM holds by shared memory (mma.sync kernels; 0 otherwise) */
-    int occupancy;     /* resident blocks per SM the device gives the kernel (0 for the staged path) */
-    int carveout;      /* shared-memory carveout (percent) emulating the profile's SM, or -1 */
-    char text[256];    /* the plan in one line */
+    int occupancy;          /* resident blocks per SM the device gives the kernel (0 for the staged path) */
+    int carveout;           /* shared-memory carveout (percent) emulating the profile's SM, or -1 */
+    char text[256];         /* the plan in one line */
 } w4a16_gemm_plan_info;
 W4A16_API w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4a16_dtype dtype,
                                        size_t workspace_bytes, w4a16_gemm_plan_info *info);
@@ -185,10 +184,9 @@ W4A16_API w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int grou
  * workspace_bytes == 0 and then the call never splits K (slower at decode sizes).
  * Returns W4A16_OK once the kernel is enqueued; argument statuses (1-19) and device statuses
  * (20-39) as listed above; W4A16_ERR_LAUNCH_FAILED if the launch itself is rejected. */
-W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, const void *scales,
-                                      const int32_t *qzeros, const void *bias, void *C, int M, int N,
-                                      int K, int group_size, w4a16_dtype dtype, void *workspace,
-                                      size_t workspace_bytes, w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, const void *scales, const int32_t *qzeros,
+                                      const void *bias, void *C, int M, int N, int K, int group_size, w4a16_dtype dtype,
+                                      void *workspace, size_t workspace_bytes, w4a16_stream_t stream);
 
 /* w4a16_awq_dequantize: W[K,N] (dtype) = dequant(qweight, qzeros, scales).
  * Same shape rules and alignment as w4a16_awq_gemm (W 16-byte aligned). */
@@ -212,10 +210,8 @@ W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, 
                                          int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
                                          unsigned flags, w4a16_stream_t stream);
 
-W4A16_API w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales,
-                                            const int32_t *qzeros, void *W, int K, int N,
-                                            int group_size, w4a16_dtype dtype,
-                                            w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
+                                            int K, int N, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
 
 /* ---------------------------------------------------------------- Marlin-layout path
  * The public Marlin layout (IST-DASLab Marlin, vLLM gptq_marlin / awq_marlin):
@@ -226,21 +222,18 @@ W4A16_API w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *
  * of G for scales/zeros), 16-byte aligned tensors, in != out. */
 
 /* AWQ qweight [K, N/8] -> Marlin weight [K/16, 2N]. */
-W4A16_API w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight,
-                                               int K, int N, w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int K, int N,
+                                               w4a16_stream_t stream);
 /* GPTQ qweight [K/8, N] (nibble i of row r holds k = 8r + i) -> Marlin weight [K/16, 2N].
  * perm (device int32 [K], may be NULL): act-order row permutation; row k of the result is source
  * row perm[k] (perm = argsort(g_idx)); perm[k] = -1 makes row k an empty (zero) row: see w4a16_act_order_plan. */
 W4A16_API w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm,
-                                                int32_t *marlin_weight, int K, int N,
-                                                w4a16_stream_t stream);
+                                                int32_t *marlin_weight, int K, int N, w4a16_stream_t stream);
 /* scales [K/G, N] -> Marlin order. */
-W4A16_API w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales, int K,
-                                                   int N, int group_size, w4a16_dtype dtype,
-                                                   w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales, int K, int N,
+                                                   int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
 /* AWQ qzeros [K/G, N/8] -> Marlin zero points [K/G, N/8]. */
-W4A16_API w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros,
-                                                    int32_t *marlin_zeros, int K, int N,
+W4A16_API w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int K, int N,
                                                     int group_size, w4a16_stream_t stream);
 
 /* Act-order GPTQ (desc_act), whole K (is_k_full): sort the rows by group once at load time, repack with the
@@ -287,17 +280,16 @@ W4A16_API w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int3
  * Preconditions: M >= 1; N a multiple of 64; K a multiple of 128 and of G; G in {32, 64, 128, -1};
  * alignment and workspace as for w4a16_awq_gemm.
  * Act-order GPTQ: see w4a16_act_order_sort above (whole K only). */
-W4A16_API w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight,
-                                         const void *marlin_scales, const int32_t *marlin_zeros,
-                                         const void *bias, void *C, int M, int N, int K,
-                                         int group_size, w4a16_dtype dtype, void *workspace,
-                                         size_t workspace_bytes, w4a16_stream_t stream);
+W4A16_API w4a16_status w4a16_marlin_gemm(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
+                                         const int32_t *marlin_zeros, const void *bias, void *C, int M, int N, int K,
+                                         int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                                         w4a16_stream_t stream);
 
 /* w4a16_marlin_gemm with options (see W4A16_FLAG_REDUCE_IN_DTYPE). */
 W4A16_API w4a16_status w4a16_marlin_gemm_ex(const void *A, const int32_t *marlin_weight, const void *marlin_scales,
-                                            const int32_t *marlin_zeros, const void *bias, void *C, int M, int N,
-                                            int K, int group_size, w4a16_dtype dtype, void *workspace,
-                                            size_t workspace_bytes, unsigned flags, w4a16_stream_t stream);
+                                            const int32_t *marlin_zeros, const void *bias, void *C, int M, int N, int K,
+                                            int group_size, w4a16_dtype dtype, void *workspace, size_t workspace_bytes,
+                                            unsigned flags, w4a16_stream_t stream);
 
 /* ---------------------------------------------------------------- mixture of experts (MoE)
  * An MoE layer sends each token to top_k of E experts (topk_ids [T, top_k], int32 expert numbers) and sums the
@@ -361,8 +353,8 @@ W4A16_API w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int n
 W4A16_API w4a16_status w4a16_moe_workspace_size(size_t *bytes);
 
 W4A16_API w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const void *scales,
-                                             const int32_t *zeros, const void *bias, const float *topk_weights,
-                                             void *C, const int32_t *sorted_ids, const int32_t *expert_ids,
+                                             const int32_t *zeros, const void *bias, const float *topk_weights, void *C,
+                                             const int32_t *sorted_ids, const int32_t *expert_ids,
                                              const int32_t *num_tokens_post_padded, int sorted_capacity,
                                              int blocks_capacity, int block_size, int M, int top_k, int num_experts,
                                              int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
@@ -374,8 +366,8 @@ W4A16_API w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight,
                                           const int32_t *qzeros, const void *bias, const float *topk_weights, void *C,
                                           const int32_t *sorted_ids, const int32_t *expert_ids,
                                           const int32_t *num_tokens_post_padded, int sorted_capacity,
-                                          int blocks_capacity, int block_size, int M, int top_k, int num_experts,
-                                          int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
+                                          int blocks_capacity, int block_size, int M, int top_k, int num_experts, int N,
+                                          int K, int group_size, w4a16_dtype dtype, void *workspace,
                                           size_t workspace_bytes, w4a16_stream_t stream);
 
 /* Converters for stacked experts: the per-expert converters above applied to each of the E slices (same output bit
@@ -387,8 +379,7 @@ W4A16_API w4a16_status w4a16_moe_marlin_repack_gptq(const int32_t *gptq_qweight,
                                                     int32_t *marlin_weight, int num_experts, int K, int N,
                                                     w4a16_stream_t stream);
 W4A16_API w4a16_status w4a16_moe_marlin_permute_scales(const void *scales, void *marlin_scales, int num_experts, int K,
-                                                       int N, int group_size, w4a16_dtype dtype,
-                                                       w4a16_stream_t stream);
+                                                       int N, int group_size, w4a16_dtype dtype, w4a16_stream_t stream);
 W4A16_API w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros,
                                                         int num_experts, int K, int N, int group_size,
                                                         w4a16_stream_t stream);

@@ -27,18 +27,30 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // wait_group needs an immediate; the pipeline depth is a run-time profile value, hence the switch.
 __device__ __forceinline__ void cp_async_wait_dyn(int n) {
     switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::); break;
-    case 4: asm volatile("cp.async.wait_group 4;\n" ::); break;
-    case 5: asm volatile("cp.async.wait_group 5;\n" ::); break;
-    default: asm volatile("cp.async.wait_group 6;\n" ::); break;
+    case 0:
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        break;
+    case 1:
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        break;
+    case 2:
+        asm volatile("cp.async.wait_group 2;\n" ::);
+        break;
+    case 3:
+        asm volatile("cp.async.wait_group 3;\n" ::);
+        break;
+    case 4:
+        asm volatile("cp.async.wait_group 4;\n" ::);
+        break;
+    case 5:
+        asm volatile("cp.async.wait_group 5;\n" ::);
+        break;
+    default:
+        asm volatile("cp.async.wait_group 6;\n" ::);
+        break;
     }
 }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Programmatic dependent launch (sm_90+; compiled out below sm_90, and no-ops in a grid launched without it):
@@ -134,8 +146,8 @@ template <typename T> struct GroupConst {
 template <typename T> __device__ __forceinline__ GroupConst<T> make_group_const_bits(uint32_t scale2, uint32_t zero) {
     using D = Dtype<T>;
     GroupConst<T> g;
-    g.zb = D::from_bits(D::MAGIC + zero * 0x00010001u);          // one IMAD
-    g.z16 = D::from_bits(0xD400D400u + zero * 0x00100010u);      // one IMAD
+    g.zb = D::from_bits(D::MAGIC + zero * 0x00010001u);     // one IMAD
+    g.z16 = D::from_bits(0xD400D400u + zero * 0x00100010u); // one IMAD
     g.s = D::from_bits(scale2);
     return g;
 }

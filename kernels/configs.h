@@ -14,13 +14,14 @@
 #ifndef W4A16_KERNEL_CONFIGS_H
 #define W4A16_KERNEL_CONFIGS_H
 
-#define W4A16_GEMM_CONFIGS(X)                                                                                  \
-    X(0, DECODE, "m16n128k128", 1, 1, 1, 2, 2, 4, 4)      /* decode: 4 warps, 2-way K split in the block, 4 blocks/SM */ \
-    X(1, MID, "m64n128k128h", 4, 1, 2, 2, 2, 4, 1)        /* M 17-64: 8 warps of 64x32, 2-way K split */               \
-    X(2, LARGE_MARLIN, "m128n256k64h", 8, 1, 2, 4, 1, 4, 1) /* large M, Marlin: a B fragment feeds 8 m16 tiles */       \
-    X(3, LARGE_AWQ, "m128n256k64", 4, 2, 1, 4, 1, 4, 1)   /* large M, AWQ: 8 warps of 64x64 (16-byte C stores) */       \
-    X(4, MID2, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)         /* M 65-256: 4 warps of 64x64, 2-way K split */              \
-    X(5, DECODE_DEEP, "m16n128k256", 1, 1, 1, 2, 2, 8, 3) /* decode, K split across blocks: 8 k16 steps a warp-stage */
+#define W4A16_GEMM_CONFIGS(X)                                                                                          \
+    X(0, DECODE, "m16n128k128", 1, 1, 1, 2, 2, 4, 4) /* decode: 4 warps, 2-way K split in the block, 4 blocks/SM */    \
+    X(1, MID, "m64n128k128h", 4, 1, 2, 2, 2, 4, 1)   /* M 17-64: 8 warps of 64x32, 2-way K split */                    \
+    X(2, LARGE_MARLIN, "m128n256k64h", 8, 1, 2, 4, 1, 4, 1) /* large M, Marlin: a B fragment feeds 8 m16 tiles */      \
+    X(3, LARGE_AWQ, "m128n256k64", 4, 2, 1, 4, 1, 4, 1)     /* large M, AWQ: 8 warps of 64x64 (16-byte C stores) */    \
+    X(4, MID2, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)           /* M 65-256: 4 warps of 64x64, 2-way K split */            \
+    X(5, DECODE_DEEP, "m16n128k256", 1, 1, 1, 2, 2, 8, 3)   /* decode, K split across blocks: 8 k16 steps a warp-stage \
+                                                             */
 
 /* Named config ids (W4A16_CFG_DECODE, ...) for the profiles. */
 enum {
@@ -34,10 +35,10 @@ enum { W4A16_NUM_GEMM_CONFIGS = 6 };
  *   X(id, symbol, TM, NH, WG, STAGES, MINB, KPB)
  *   TM tokens per block (the wgmma N), WG warpgroups, NH warps per 64-channel group: BN = 64 * 4 * WG / NH channels,
  *   STAGES pipeline slots, MINB blocks per SM, KPB k16 steps per wgmma batch (two batches per stage at least). */
-#define W4A16_WGMMA_CONFIGS(X)                                                                                   \
-    X(0, T256, 256, 4, 2, 5, 1, 2)  /* M > 128: 256 tokens x 128 channels (5 x 38 KB) */                         \
-    X(1, T128, 128, 2, 2, 5, 1, 2)  /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */                        \
-    X(2, T64, 64, 4, 2, 6, 2, 2)    /* M 17-64: 64 tokens x 128 channels, two blocks per SM (6 x 14 KB) */       \
+#define W4A16_WGMMA_CONFIGS(X)                                                                                         \
+    X(0, T256, 256, 4, 2, 5, 1, 2)    /* M > 128: 256 tokens x 128 channels (5 x 38 KB) */                             \
+    X(1, T128, 128, 2, 2, 5, 1, 2)    /* M 65-128: 128 tokens x 256 channels (5 x 27 KB) */                            \
+    X(2, T64, 64, 4, 2, 6, 2, 2)      /* M 17-64: 64 tokens x 128 channels, two blocks per SM (6 x 14 KB) */           \
     X(3, T64_WIDE, 64, 2, 2, 5, 2, 2) /* M 17-64, very wide layers: 64 x 256 (5 x 19 KB: two blocks per SM) */
 
 enum {
@@ -52,31 +53,36 @@ enum { W4A16_NUM_WGMMA_CONFIGS = 4 };
 enum { W4A16_DENSE_TM = 256, W4A16_DENSE_WG = 2, W4A16_DENSE_STAGES = 4, W4A16_DENSE_BN = 64 * W4A16_DENSE_WG };
 
 static inline int w4a16_wgmma_tm(int id) {
-#define W4A16_WG_TM_(i, sym, TM, NH, WG, ST, MINB, KPB) if (id == i) return TM;
+#define W4A16_WG_TM_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                                \
+    if (id == i) return TM;
     W4A16_WGMMA_CONFIGS(W4A16_WG_TM_)
 #undef W4A16_WG_TM_
     return 0;
 }
 static inline int w4a16_wgmma_bn(int id) {
-#define W4A16_WG_BN_(i, sym, TM, NH, WG, ST, MINB, KPB) if (id == i) return 64 * 4 * WG / NH;
+#define W4A16_WG_BN_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                                \
+    if (id == i) return 64 * 4 * WG / NH;
     W4A16_WGMMA_CONFIGS(W4A16_WG_BN_)
 #undef W4A16_WG_BN_
     return 0;
 }
 static inline int w4a16_wgmma_threads(int id) {
-#define W4A16_WG_THREADS_(i, sym, TM, NH, WG, ST, MINB, KPB) if (id == i) return 128 * WG;
+#define W4A16_WG_THREADS_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                           \
+    if (id == i) return 128 * WG;
     W4A16_WGMMA_CONFIGS(W4A16_WG_THREADS_)
 #undef W4A16_WG_THREADS_
     return 0;
 }
 static inline int w4a16_wgmma_stages(int id) {
-#define W4A16_WG_STAGES_(i, sym, TM, NH, WG, ST, MINB, KPB) if (id == i) return ST;
+#define W4A16_WG_STAGES_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                            \
+    if (id == i) return ST;
     W4A16_WGMMA_CONFIGS(W4A16_WG_STAGES_)
 #undef W4A16_WG_STAGES_
     return 0;
 }
 static inline int w4a16_wgmma_minb(int id) {
-#define W4A16_WG_MINB_(i, sym, TM, NH, WG, ST, MINB, KPB) if (id == i) return MINB;
+#define W4A16_WG_MINB_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                              \
+    if (id == i) return MINB;
     W4A16_WGMMA_CONFIGS(W4A16_WG_MINB_)
 #undef W4A16_WG_MINB_
     return 0;
@@ -99,7 +105,7 @@ static inline int w4a16_cfg_is_decode(const w4a16_gemm_config *c) { return c->mt
  * 3-block budget, the config's MINB otherwise. A macro: the kernel instances need a constant expression, and the
  * host's plan reads the same rule. */
 #define W4A16_DECODE16_MAX_MINB 3
-#define W4A16_DECODE16_MINB(minb, layout, dtype) \
+#define W4A16_DECODE16_MINB(minb, layout, dtype)                                                                       \
     ((layout) == W4A16_LAYOUT_MARLIN && (dtype) == 0 && (minb) > 2 ? 2 : (minb))
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
 static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }

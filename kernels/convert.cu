@@ -20,13 +20,13 @@ __global__ void awq_dequant_kernel(const uint32_t *__restrict__ qw, const T *__r
 
 // ---- AWQ dequantisation, transposed, for the staged path: Wt[n - n0, k] for channels n0 .. n0 + nc - 1. A warp
 // takes 32 k x 64 channels (8 word columns); lane: word column lane % 8, rows 8 (lane / 8) .. + 7, all in one group
-// (G >= 32 and a multiple of 32). It dequantises its 8 words as awq_dequant_kernel does (column pairs), regroups them by
-// column (prmt: rows 2i, 2i + 1 of a column in one word), and stores 16 bytes per channel: the 4 lanes of a word column
-// fill 64 contiguous bytes of each channel row. No shared memory. K % 32 == 0 (AWQ): every 32-row task is whole.
+// (G >= 32 and a multiple of 32). It dequantises its 8 words as awq_dequant_kernel does (column pairs), regroups them
+// by column (prmt: rows 2i, 2i + 1 of a column in one word), and stores 16 bytes per channel: the 4 lanes of a word
+// column fill 64 contiguous bytes of each channel row. No shared memory. K % 32 == 0 (AWQ): every 32-row task is whole.
 template <typename T>
-__global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__restrict__ qw, const T *__restrict__ s,
-                                                            const uint32_t *__restrict__ qz, T *__restrict__ Wt, int K,
-                                                            int N, int G, int n0, int nc) {
+__global__ void __launch_bounds__(256)
+    awq_dequant_t_kernel(const uint32_t *__restrict__ qw, const T *__restrict__ s, const uint32_t *__restrict__ qz,
+                         T *__restrict__ Wt, int K, int N, int G, int n0, int nc) {
     const int lane = threadIdx.x % 32, kts = K / 32;
     const long long task = (long long)blockIdx.x * 8 + threadIdx.x / 32; // k tiles of a channel block consecutive
     if (task >= (long long)kts * (nc / 64)) return;
@@ -61,22 +61,26 @@ __global__ void __launch_bounds__(256) awq_dequant_t_kernel(const uint32_t *__re
 // shuffle (below). A warp task is 4 tiles (64 k, lane / 8) x one 64-column chunk, all in one group (G >= 32).
 // K % 128 == 0 (Marlin): every task is whole.
 template <typename T>
-__global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *__restrict__ mw, const T *__restrict__ s,
-                                                               const uint32_t *__restrict__ mz, T *__restrict__ Wt,
-                                                               int K, int N, int gshift, int channelwise, int n0, int nc) {
+__global__ void __launch_bounds__(256)
+    marlin_dequant_t_kernel(const uint32_t *__restrict__ mw, const T *__restrict__ s, const uint32_t *__restrict__ mz,
+                            T *__restrict__ Wt, int K, int N, int gshift, int channelwise, int n0, int nc) {
     const int lane = threadIdx.x % 32, l = lane % 8, kts = K / 64;
     const long long task = (long long)blockIdx.x * 8 + threadIdx.x / 32; // k of one chunk consecutive
     if (task >= (long long)kts * (nc / 64)) return;
-    const int cr = (int)(task / kts), kt = (int)(task % kts) * 4 + lane / 8, chunk = n0 / 64 + cr, g = (16 * kt) >> gshift;
+    const int cr = (int)(task / kts), kt = (int)(task % kts) * 4 + lane / 8, chunk = n0 / 64 + cr,
+              g = (16 * kt) >> gshift;
     const uint4 *src = reinterpret_cast<const uint4 *>(mw + (size_t)kt * (2 * N) + 128 * chunk + 16 * l);
     uint32_t wd[16]; // word 4 q + j
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const uint4 v = src[i];
-        wd[4 * i] = v.x; wd[4 * i + 1] = v.y; wd[4 * i + 2] = v.z; wd[4 * i + 3] = v.w;
+        wd[4 * i] = v.x;
+        wd[4 * i + 1] = v.y;
+        wd[4 * i + 2] = v.z;
+        wd[4 * i + 3] = v.w;
     }
     const uint16_t *s16 = reinterpret_cast<const uint16_t *>(s);
-    const int t = lane / 8, src_a = l + 8 * (t / 2); // this lane's tile of the task; the lane holding chunk t
+    const int t = lane / 8, src_a = l + 8 * (t / 2);     // this lane's tile of the task; the lane holding chunk t
     T *out = Wt + (size_t)(64 * cr) * K + 16 * (kt - t); // the task's first k
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -84,8 +88,8 @@ __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *_
         for (int h = 0; h < 2; h++) { // column 16 j + l + 8 h: nibble pairs 2h (rows 2q, 2q + 1), 2h + 1 (+ 8)
             const int col = 16 * j + l + 8 * h, n = 64 * chunk + col, p = w4a16_marlin_scale_pos(n, 0);
             const uint32_t z = mz ? (mz[(size_t)g * (N / 8) + p / 8] >> (4 * w4a16_awq_reverse(p % 8))) & 0xF : 8;
-            const GroupConst<T> gc =
-                make_group_const_bits<T>(prmt(s16[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)], 0u, 0x1010u), z);
+            const GroupConst<T> gc = make_group_const_bits<T>(
+                prmt(s16[(size_t)g * N + w4a16_marlin_scale_pos(n, channelwise)], 0u, 0x1010u), z);
             uint32_t pr[8];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -99,7 +103,8 @@ __global__ void __launch_bounds__(256) marlin_dequant_t_kernel(const uint32_t *_
             uint32_t ca[4], cb[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const uint32_t a0 = __shfl_sync(0xffffffffu, pr[i], src_a), a1 = __shfl_sync(0xffffffffu, pr[4 + i], src_a);
+                const uint32_t a0 = __shfl_sync(0xffffffffu, pr[i], src_a),
+                               a1 = __shfl_sync(0xffffffffu, pr[4 + i], src_a);
                 const uint32_t b0 = __shfl_sync(0xffffffffu, pr[i], src_a + 16),
                                b1 = __shfl_sync(0xffffffffu, pr[4 + i], src_a + 16);
                 ca[i] = t & 1 ? a1 : a0;
@@ -135,7 +140,8 @@ __global__ void awq_zero_points_kernel(const int32_t *__restrict__ in, uint32_t 
     int g = (int)(idx / words), w = (int)(idx % words);
     uint32_t res = 0;
 #pragma unroll
-    for (int t = 0; t < 8; t++) res |= w4a16_source_nibble(in, nullptr, g, w4a16_marlin_zero_source(w, t), N, 0) << (4 * t);
+    for (int t = 0; t < 8; t++)
+        res |= w4a16_source_nibble(in, nullptr, g, w4a16_marlin_zero_source(w, t), N, 0) << (4 * t);
     out[idx] = res;
 }
 
@@ -178,8 +184,8 @@ extern "C" int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scal
     return cudaGetLastError();
 }
 
-extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros,
-                                          void *Wt, int K, int N, int G, int n0, int nc, int dtype, void *stream) {
+extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *Wt,
+                                          int K, int N, int G, int n0, int nc, int dtype, void *stream) {
     const unsigned blocks = blocks_for((long long)(K / 32) * (nc / 64), 8); // 8 warp tasks per block
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const uint32_t *qw = reinterpret_cast<const uint32_t *>(qweight), *qz = reinterpret_cast<const uint32_t *>(qzeros);
@@ -187,9 +193,8 @@ extern "C" int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *sc
         awq_dequant_t_kernel<__half><<<blocks, 256, 0, st>>>(qw, static_cast<const __half *>(scales), qz,
                                                              static_cast<__half *>(Wt), K, N, G, n0, nc);
     else
-        awq_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales),
-                                                                    qz, static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0,
-                                                                    nc);
+        awq_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(qw, static_cast<const __nv_bfloat16 *>(scales), qz,
+                                                                    static_cast<__nv_bfloat16 *>(Wt), K, N, G, n0, nc);
     return cudaGetLastError();
 }
 
@@ -200,13 +205,12 @@ extern "C" int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const uint32_t *w = reinterpret_cast<const uint32_t *>(weight), *z = reinterpret_cast<const uint32_t *>(zeros);
     if (dtype == 0)
-        marlin_dequant_t_kernel<__half><<<blocks, 256, 0, st>>>(w, static_cast<const __half *>(scales), z,
-                                                                static_cast<__half *>(Wt), K, N, gshift, channelwise,
-                                                                n0, nc);
+        marlin_dequant_t_kernel<__half><<<blocks, 256, 0, st>>>(
+            w, static_cast<const __half *>(scales), z, static_cast<__half *>(Wt), K, N, gshift, channelwise, n0, nc);
     else
-        marlin_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(w, static_cast<const __nv_bfloat16 *>(scales),
-                                                                       z, static_cast<__nv_bfloat16 *>(Wt), K, N,
-                                                                       gshift, channelwise, n0, nc);
+        marlin_dequant_t_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(w, static_cast<const __nv_bfloat16 *>(scales), z,
+                                                                       static_cast<__nv_bfloat16 *>(Wt), K, N, gshift,
+                                                                       channelwise, n0, nc);
     return cudaGetLastError();
 }
 

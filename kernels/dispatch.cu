@@ -25,13 +25,14 @@ int dense_smem_bytes_0_0();
 int dense_smem_bytes_1_0();
 #define W4A16_SM90_KERNEL_(d, l, id) gemm_sm90_kernel_##d##_##l(id)
 #else
-#define W4A16_SM90_KERNEL_(d, l, id) GemmKernelRef{}
+#define W4A16_SM90_KERNEL_(d, l, id)                                                                                   \
+    GemmKernelRef {}
 #endif
 
 // The compiled kernel of (kind, cfg) for a (dtype, layout) pair; no kernel (fn null) for a combination never built.
 static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg) {
-#define W4A16_PICK_(d, l)                                                                                           \
-    if (dtype == d && layout == l)                                                                                  \
+#define W4A16_PICK_(d, l)                                                                                              \
+    if (dtype == d && layout == l)                                                                                     \
         return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg) : gemm_kernel_##d##_##l(kind, cfg);
     W4A16_GEMM_INSTANCES(W4A16_PICK_)
 #undef W4A16_PICK_
@@ -104,7 +105,7 @@ extern "C" int w4a16_probe_gemm_wgmma(void) {
     cudaFuncAttributes attr;
     cudaError_t e = cudaSuccess;
     for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS && e == cudaSuccess; id++) {
-#define W4A16_PROBE_(d, l) \
+#define W4A16_PROBE_(d, l)                                                                                             \
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, gemm_sm90_kernel_##d##_##l(id).fn);
         W4A16_GEMM_INSTANCES(W4A16_PROBE_)
 #undef W4A16_PROBE_
@@ -134,12 +135,27 @@ extern "C" int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void
                                        int ldc, int dtype, int grid, void *stream) {
 #ifdef W4A16_HAVE_WGMMA
     DenseArgs d;
-    d.A = A; d.W = Wt; d.bias = bias; d.C = C;
-    d.M = M; d.N = nc; d.K = K; d.ldc = ldc;
+    d.A = A;
+    d.W = Wt;
+    d.bias = bias;
+    d.C = C;
+    d.M = M;
+    d.N = nc;
+    d.K = K;
+    d.ldc = ldc;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return dtype == 0 ? launch_dense_sm90_0_0(d, grid, s) : launch_dense_sm90_1_0(d, grid, s);
 #else
-    (void)A; (void)Wt; (void)bias; (void)C; (void)M; (void)nc; (void)K; (void)ldc; (void)dtype; (void)grid;
+    (void)A;
+    (void)Wt;
+    (void)bias;
+    (void)C;
+    (void)M;
+    (void)nc;
+    (void)K;
+    (void)ldc;
+    (void)dtype;
+    (void)grid;
     (void)stream;
     return cudaErrorInvalidDeviceFunction;
 #endif

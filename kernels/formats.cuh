@@ -19,7 +19,7 @@ template <int LAYOUT> struct WeightFormat;
 template <> struct WeightFormat<W4A16_LAYOUT_AWQ> {
     static constexpr int KROW = 1;      // k rows per stored row
     static constexpr int PAD_WORDS = 4; // per shared-memory row: a fragment's 4 row loads hit distinct banks
-    static constexpr bool CHANNELWISE_PERM = false; // scales of G = K are stored like grouped ones
+    static constexpr bool CHANNELWISE_PERM = false;       // scales of G = K are stored like grouped ones
     static constexpr bool HIGH_K_IN_HIGH_NIBBLES = false; // (Marlin) k rows 8-15 of a register are high nibbles
     static constexpr bool SLOT_BLOCKS_ADJACENT = true;    // the 8 blocks of a slot are 8 adjacent columns (C stores)
     static constexpr bool SLOT_PAIRS_ADJACENT = false;    // slots 2q, 2q + 1 of a block are adjacent columns
@@ -101,16 +101,25 @@ template <> struct WeightFormat<W4A16_LAYOUT_AWQ> {
     static constexpr bool DECODE_COLUMNS_ADJACENT = true; // a thread's 8 constants are 8 adjacent columns
     __device__ static __forceinline__ int decode_zero_nibble(int i, int row, int c) { return i + 4 * row; }
     // what the stored value of constant c's weights is multiplied by (an in-place high nibble carries 16)
-    template <int HI_MUL> __device__ static __forceinline__ int decode_weight_scale(int i) { return (i & 1) ? HI_MUL : 1; }
+    template <int HI_MUL> __device__ static __forceinline__ int decode_weight_scale(int i) {
+        return (i & 1) ? HI_MUL : 1;
+    }
     // The A operand of pair i from the raw words: block i is nibble i % 2 of byte i / 2
-    template <typename Dq> __device__ static __forceinline__ void decode_operand(const uint32_t *fb, int i, uint32_t a[4]) {
+    template <typename Dq>
+    __device__ static __forceinline__ void decode_operand(const uint32_t *fb, int i, uint32_t a[4]) {
         const uint32_t lo01 = prmt(fb[0], fb[1], 0x5410), hi01 = prmt(fb[0], fb[1], 0x7632);
         const uint32_t lo89 = prmt(fb[2], fb[3], 0x5410), hi89 = prmt(fb[2], fb[3], 0x7632);
         const int sh = 8 * (i / 2);
         if (i % 2 == 0) {
-            a[0] = Dq::lo(lo01 >> sh); a[1] = Dq::lo(hi01 >> sh); a[2] = Dq::lo(lo89 >> sh); a[3] = Dq::lo(hi89 >> sh);
+            a[0] = Dq::lo(lo01 >> sh);
+            a[1] = Dq::lo(hi01 >> sh);
+            a[2] = Dq::lo(lo89 >> sh);
+            a[3] = Dq::lo(hi89 >> sh);
         } else {
-            a[0] = Dq::hi(lo01 >> sh); a[1] = Dq::hi(hi01 >> sh); a[2] = Dq::hi(lo89 >> sh); a[3] = Dq::hi(hi89 >> sh);
+            a[0] = Dq::hi(lo01 >> sh);
+            a[1] = Dq::hi(hi01 >> sh);
+            a[2] = Dq::hi(lo89 >> sh);
+            a[3] = Dq::hi(hi89 >> sh);
         }
     }
 };
@@ -130,7 +139,8 @@ template <> struct WeightFormat<W4A16_LAYOUT_MARLIN> {
     // grouped: position 8r + m holds column r + 8m
     __device__ static __forceinline__ int scale_index(int m) { return m; }
     __device__ static __forceinline__ int zero_nibble(int m) { return awq_reverse(m); }
-    // channelwise (scale_perm_single): within each 32 columns, position 8i + t holds column 2i + {0,1,8,9,16,17,24,25}[t]
+    // channelwise (scale_perm_single): within each 32 columns, position 8i + t holds column 2i +
+    // {0,1,8,9,16,17,24,25}[t]
     __device__ static __forceinline__ int channelwise_scale_pos(int m, int r) {
         return 32 * (m / 4) + 8 * (r / 2) + 2 * (m % 4) + (r % 2);
     }
@@ -162,10 +172,14 @@ template <> struct WeightFormat<W4A16_LAYOUT_MARLIN> {
     __device__ static __forceinline__ void fetch(const uint32_t *sB, int kk, int wn, int wh, int lane, uint32_t fb[4]) {
         if constexpr (NH == 1) {
             uint4 v = reinterpret_cast<const uint4 *>(sB + kk * SROW + wn * 128)[lane];
-            fb[0] = v.x; fb[1] = v.y; fb[2] = v.z; fb[3] = v.w;
+            fb[0] = v.x;
+            fb[1] = v.y;
+            fb[2] = v.z;
+            fb[3] = v.w;
         } else if constexpr (NH == 2) {
             uint2 v = reinterpret_cast<const uint2 *>(sB + kk * SROW + wn * 128 + lane * 4 + 2 * wh)[0];
-            fb[0] = v.x; fb[1] = v.y;
+            fb[0] = v.x;
+            fb[1] = v.y;
         } else {
             fb[0] = sB[kk * SROW + wn * 128 + lane * 4 + wh];
         }
@@ -188,9 +202,13 @@ template <> struct WeightFormat<W4A16_LAYOUT_MARLIN> {
     static constexpr bool DECODE_COLUMNS_ADJACENT = false;
     __device__ static __forceinline__ int decode_zero_nibble(int i, int row, int c) { return awq_reverse(c); }
     template <int HI_MUL> __device__ static __forceinline__ int decode_weight_scale(int i) { return 1; }
-    template <typename Dq> __device__ static __forceinline__ void decode_operand(const uint32_t *fb, int i, uint32_t a[4]) {
+    template <typename Dq>
+    __device__ static __forceinline__ void decode_operand(const uint32_t *fb, int i, uint32_t a[4]) {
         const uint32_t w = fb[i];
-        a[0] = Dq::lo(w); a[1] = Dq::lo(w >> 8); a[2] = Dq::hi(w); a[3] = Dq::hi(w >> 8);
+        a[0] = Dq::lo(w);
+        a[1] = Dq::lo(w >> 8);
+        a[2] = Dq::hi(w);
+        a[3] = Dq::hi(w >> 8);
     }
 };
 

@@ -89,8 +89,10 @@ template <typename T> __device__ __forceinline__ void store_partial(float4 *dst,
     using D = Dtype<T>;
     if (in_dtype) {
         typename D::T2 lo, hi;
-        lo.x = D::from_float(x[0]); lo.y = D::from_float(x[1]);
-        hi.x = D::from_float(x[2]); hi.y = D::from_float(x[3]);
+        lo.x = D::from_float(x[0]);
+        lo.y = D::from_float(x[1]);
+        hi.x = D::from_float(x[2]);
+        hi.y = D::from_float(x[3]);
         __stcg(reinterpret_cast<uint2 *>(dst), make_uint2(as_u32(lo), as_u32(hi)));
     } else {
         __stcg(dst, make_float4(x[0], x[1], x[2], x[3]));
@@ -112,11 +114,13 @@ template <int BYTES> struct StageRing {
     unsigned char *cur, *pf;
     const int stages, nk;
     __device__ __forceinline__ StageRing(unsigned char *smem, int stages_, int nk_)
-        : base(smem), end(smem + stages_ * BYTES), cur(smem), pf(smem + (stages_ - 1) * BYTES), stages(stages_), nk(nk_) {}
-    __device__ __forceinline__ unsigned char *next(unsigned char *b) const { return b + BYTES == end ? base : b + BYTES; }
+        : base(smem), end(smem + stages_ * BYTES), cur(smem), pf(smem + (stages_ - 1) * BYTES), stages(stages_),
+          nk(nk_) {}
+    __device__ __forceinline__ unsigned char *next(unsigned char *b) const {
+        return b + BYTES == end ? base : b + BYTES;
+    }
     // k-tiles 0 .. stages - 2 of the block's range [kt_begin, kt_begin + nk), weights before pdl_wait().
-    template <typename Copy>
-    __device__ __forceinline__ void prologue(Copy &copy, const GemmArgs &p, int kt_begin) {
+    template <typename Copy> __device__ __forceinline__ void prologue(Copy &copy, const GemmArgs &p, int kt_begin) {
         copy.prologue(p, base, BYTES, kt_begin, min(stages - 1, nk), stages - 1);
     }
     template <typename Issue> __device__ __forceinline__ const unsigned char *step(int i, Issue issue) {
@@ -154,7 +158,10 @@ __device__ __forceinline__ bool reduce_k_warps(unsigned char *smem, int wk, int 
         for (int s = 0; s < NSLOT; s++) {
             const float4 v = src[s * 32 + lane];
             float *x = slot(s);
-            x[0] += v.x; x[1] += v.y; x[2] += v.z; x[3] += v.w;
+            x[0] += v.x;
+            x[1] += v.y;
+            x[2] += v.z;
+            x[3] += v.w;
         }
     }
     return true;
@@ -162,8 +169,8 @@ __device__ __forceinline__ bool reduce_k_warps(unsigned char *smem, int wk, int 
 
 // After the block's partials are written: true in the last block of the tile to arrive, which also resets the tile's
 // counter so the workspace is left zeroed. `sync` is a barrier over the threads that take part (tid 0 among them).
-template <typename Sync> __device__ __forceinline__ bool last_arrival(int *counters, int tile, int splits, int tid,
-                                                                      Sync sync) {
+template <typename Sync>
+__device__ __forceinline__ bool last_arrival(int *counters, int tile, int splits, int tid, Sync sync) {
     __shared__ int s_last;
     __threadfence();
     sync();
@@ -181,11 +188,11 @@ template <typename Sync> __device__ __forceinline__ bool last_arrival(int *count
 // Split-K across blocks (gridDim.z splits) for the NSLOT slots of 4 fp32 accumulators a thread holds: slot s is
 // slot(s) and lies at float4 offset + s * stride of each split's tile_f4-float4 partials. Stores this block's partials
 // and returns whether it is the last block of the tile to arrive; there every slot becomes the sum over the splits in
-// split order (deterministic). Slots with live(s) false (rows past M) are neither stored nor summed; `sync` is a barrier
-// over the threads that take part (tid 0 among them).
+// split order (deterministic). Slots with live(s) false (rows past M) are neither stored nor summed; `sync` is a
+// barrier over the threads that take part (tid 0 among them).
 template <typename T, int NSLOT, typename Slot, typename Live, typename Sync>
-__device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, int offset, int stride, int tid, Slot slot,
-                                               Live live, Sync sync) {
+__device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, int offset, int stride, int tid,
+                                               Slot slot, Live live, Sync sync) {
     const int tile = blockIdx.y * gridDim.x + blockIdx.x, splits = gridDim.z;
     float4 *all = p.partials + (size_t)tile * splits * tile_f4 + offset;
     float4 *mine = all + (size_t)blockIdx.z * tile_f4;
@@ -217,7 +224,10 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
                 for (int s = 0; s < NSLOT; s++)
                     if (sp0 + u < splits && live(s)) {
                         float *x = slot(s);
-                        x[0] += v[u][s].x; x[1] += v[u][s].y; x[2] += v[u][s].z; x[3] += v[u][s].w;
+                        x[0] += v[u][s].x;
+                        x[1] += v[u][s].y;
+                        x[2] += v[u][s].z;
+                        x[3] += v[u][s].w;
                     }
         }
     } else { // enough slots for as many loads in flight
@@ -227,10 +237,16 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
                 float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
                 for (int sp = 0; sp < splits; sp++) { // fixed order: deterministic
                     float4 v = load_partial<T>(all + (size_t)sp * tile_f4 + s * stride, p.reduce_dtype);
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
                 }
                 float *x = slot(s);
-                x[0] = sum.x; x[1] = sum.y; x[2] = sum.z; x[3] = sum.w;
+                x[0] = sum.x;
+                x[1] = sum.y;
+                x[2] = sum.z;
+                x[3] = sum.w;
             }
     }
     return true;
@@ -240,9 +256,9 @@ template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS
 __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
     constexpr int THREADS = 32 * WM * NH * WN * WK;
-    constexpr int WMN = WM * NH * WN;                  // warps per K slice
-    constexpr int NB = 8 / NH;                         // n8 blocks per warp
-    constexpr int ABUF = MT > 4 ? 1 : 2;               // A fragments double-buffered unless registers are short
+    constexpr int WMN = WM * NH * WN;    // warps per K slice
+    constexpr int NB = 8 / NH;           // n8 blocks per warp
+    constexpr int ABUF = MT > 4 ? 1 : 2; // A fragments double-buffered unless registers are short
     constexpr int BM = 16 * MT * WM, BN = 64 * WN, BK = 16 * WK * KS;
     using ATile = ActTile<T, BM, BK, THREADS>;
     using WTile = WeightTile<T, LAYOUT, BN, BK, NH, THREADS>;
@@ -292,7 +308,8 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     };
     auto load_frags = [&](const unsigned char *st, int ks, int buf) {
         if constexpr (ABUF == 2) load_a(st, ks, buf);
-        copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane, buf); // each warp owns a contiguous K range of the stage
+        copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane,
+                      buf); // each warp owns a contiguous K range of the stage
     };
     auto compute = [&](const unsigned char *st, int ks, int buf) {
         if constexpr (ABUF == 1) load_a(st, ks, 0);
@@ -344,7 +361,8 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     // ---- K-split warps: add partial sums through shared memory
     const int warp_mn = warp % WMN;
     if constexpr (WK > 1) {
-        if (!reduce_k_warps<MT * NB, WK, WMN>(smem, wk, warp_mn, lane, [&](int s) -> float * { return acc[s / NB][s % NB]; }))
+        if (!reduce_k_warps<MT * NB, WK, WMN>(smem, wk, warp_mn, lane,
+                                              [&](int s) -> float * { return acc[s / NB][s % NB]; }))
             return;
     }
     // From here only the WMN warps with wk == 0 remain.
@@ -373,8 +391,8 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             const int row = row_base + mt * 16 + r + 8 * h;
             if (row >= M) continue;
             T *crow = C + (size_t)row * N + col_base;
-            // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot are 8
-            // adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2 (Marlin).
+            // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot are
+            // 8 adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2 (Marlin).
             if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
                 // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
                 __align__(16) T out[16];

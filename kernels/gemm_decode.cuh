@@ -35,8 +35,10 @@ template <typename T> struct DecodeDq {
     using D = Dtype<T>;
     __device__ static __forceinline__ uint32_t lo(uint32_t x) { return lop3_and_or<0x000F000Fu, D::MAGIC>(x); }
     __device__ static __forceinline__ uint32_t hi(uint32_t x) {
-        if constexpr (D::HI_IN_PLACE) return lop3_and_or<0x00F000F0u, D::MAGIC>(x);
-        else return lop3_and_or<0x000F000Fu, D::MAGIC>(x >> 4);
+        if constexpr (D::HI_IN_PLACE)
+            return lop3_and_or<0x00F000F0u, D::MAGIC>(x);
+        else
+            return lop3_and_or<0x000F000Fu, D::MAGIC>(x >> 4);
     }
     static constexpr int HI_MUL = D::HI_IN_PLACE ? 16 : 1; // what an in-place high nibble carries
 };
@@ -108,7 +110,10 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
             }
         } else {
             const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * g);
-            sw[0] = v.x; sw[1] = v.y; sw[2] = v.z; sw[3] = v.w;
+            sw[0] = v.x;
+            sw[1] = v.y;
+            sw[2] = v.z;
+            sw[3] = v.w;
         }
         const uint32_t zw = p.zeros ? sZ[g] : 0x88888888u;
 #pragma unroll
@@ -209,8 +214,8 @@ __global__ void __launch_bounds__(32 * WN * WK, MINB) gemm_decode_kernel(const G
     // ---- split-K across blocks: partials to the workspace, the last arriving block reduces (as gemm_kernel)
     if (splits > 1) {
         auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * WN)); }; // only the epilogue warps
-        if (!split_k_reduce<T, F4>(p, WN * F4 * 32, wn * (F4 * 32) + lane, 32, tid, slot, [](int) { return true; },
-                                   epi_sync))
+        if (!split_k_reduce<T, F4>(
+                p, WN * F4 * 32, wn * (F4 * 32) + lane, 32, tid, slot, [](int) { return true; }, epi_sync))
             return;
     }
 

@@ -16,7 +16,8 @@ GemmKernelRef select_tile(int kind) {
         if (kind == W4A16_KERNEL_DECODE8) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, 1>, THREADS, 0};
         if constexpr (MINB <= W4A16_DECODE16_MAX_MINB) {
             constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
-            if (kind == W4A16_KERNEL_DECODE16) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
+            if (kind == W4A16_KERNEL_DECODE16)
+                return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
         } else {
             if (kind == W4A16_KERNEL_MMA) return {gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>, THREADS, 0};
         }
@@ -28,8 +29,9 @@ GemmKernelRef select_tile(int kind) {
 
 GemmKernelRef W4A16_NAME_(gemm_kernel_)(int kind, int cfg) {
     switch (cfg) {
-#define W4A16_CASE_(id, sym, name, MT, WM, NH, WN, WK, KS, MINB) \
-    case id: return select_tile<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(kind);
+#define W4A16_CASE_(id, sym, name, MT, WM, NH, WN, WK, KS, MINB)                                                       \
+    case id:                                                                                                           \
+        return select_tile<W4A16_T_, W4A16_INST_LAYOUT, MT, WM, NH, WN, WK, KS, MINB>(kind);
         W4A16_GEMM_CONFIGS(W4A16_CASE_)
 #undef W4A16_CASE_
     }

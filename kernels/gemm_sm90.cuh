@@ -38,7 +38,7 @@ template <typename T, int LAYOUT, int TM, int NH, int WG> struct Sm90Shape {
     static constexpr int STAGE_BYTES = (ATile::BYTES + WTile::BYTES + 1023) / 1024 * 1024;
     __host__ __device__ static constexpr int smem_bytes(int stages) {
         return (stages * STAGE_BYTES > TM * C_PITCH * (int)sizeof(T) ? stages * STAGE_BYTES
-                                                                      : TM * C_PITCH * (int)sizeof(T)) +
+                                                                     : TM * C_PITCH * (int)sizeof(T)) +
                1024; // + alignment slack for the 1024-byte swizzle atoms
     }
 };
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
             for (int e = 0; e < 4 * II; e++) a[h][kh][e] = 0;
     int cur_group = -1;
     int i = 0, slot = 0, pf_slot = AHEAD; // slots of stage i and of stage i + AHEAD
-    do { // nk >= 1: K >= 32, and the host gives every split at least one k-tile
+    do {                                  // nk >= 1: K >= 32, and the host gives every split at least one k-tile
         cp_async_wait<AHEAD - 1>();
         fence_proxy_async_smem();
         __syncthreads();
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
                 if (g != cur_group) {
                     cur_group = g;
                     copy.wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
-                             p.marlin_channelwise);
+                                  p.marlin_channelwise);
                 }
                 copy.wt.fetch(wst, ks, wn, wh, lane, 0);
                 uint32_t b[NB][2];
@@ -123,9 +123,9 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
                     a[h][kh][4 * ii + 3] = b[2 * ii + 1][1]; // row r + 8, k 2q+8..2q+9
                 }
             }
-            wgmma_wait<0>();                         // the previous batch has finished reading its fragments ...
+            wgmma_wait<0>();                              // the previous batch has finished reading its fragments ...
             fence_operands(a[(h + NBATCH - 1) % NBATCH]); // ... which stay in their registers until here, so the
-            wgmma_fence();                           // dequantisation above cannot have been given the same ones
+            wgmma_fence();                                // dequantisation above cannot have been given the same ones
 #pragma unroll
             for (int kh = 0; kh < KPB; kh++)
 #pragma unroll
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     if (splits > 1) {
         constexpr int V = II * ACC / 4; // float4 per thread
         auto slot = [&](int v) -> float * { return &acc[v / (ACC / 4)][4 * (v % (ACC / 4))]; };
-        if (!split_k_reduce<T, V>(p, V * THREADS, tid, THREADS, tid, slot, [](int) { return true; },
-                                  []() { __syncthreads(); }))
+        if (!split_k_reduce<T, V>(
+                p, V * THREADS, tid, THREADS, tid, slot, [](int) { return true; }, []() { __syncthreads(); }))
             return;
     }
     __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there

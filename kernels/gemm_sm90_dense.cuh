@@ -36,7 +36,9 @@ template <typename T, int TM, int WG> struct DenseShape {
     // swizzle), two passes for 256 tokens.
     static constexpr int EPI_TOK = 128, EPI_BYTES = WG * EPI_TOK * 64 * 2;
     // + 128 for the mbarriers, + alignment slack for the 1024-byte swizzle atoms
-    __host__ __device__ static constexpr int smem_bytes(int stages) { return stages * STAGE_BYTES + EPI_BYTES + 128 + 1024; }
+    __host__ __device__ static constexpr int smem_bytes(int stages) {
+        return stages * STAGE_BYTES + EPI_BYTES + 128 + 1024;
+    }
 };
 
 // Persistent: min(tiles, SMs) blocks walk the tiles (stride gridDim.x, in the banded raster order). The producer warp
@@ -178,14 +180,16 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows,
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q;
         cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) return e != cudaSuccess ? e : cudaErrorNotSupported;
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn)
+            return e != cudaSuccess ? e : cudaErrorNotSupported;
         encode = reinterpret_cast<TensorMapEncodeTiled>(fn);
     }
     const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
     const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem[2] = {1, 1};
-    CUresult r = encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                        2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult r =
+        encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+               2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -3,9 +3,9 @@
  * arguments were fully validated by csrc/ before any of these is called. */
 #ifndef W4A16_KERNEL_LAUNCH_H
 #define W4A16_KERNEL_LAUNCH_H
+#include "configs.h"
 #include <stddef.h>
 #include <stdint.h>
-#include "configs.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,18 +13,18 @@ extern "C" {
 
 /* The GEMM kernels' argument, passed by value to every GEMM kernel exactly as the host fills it. */
 typedef struct w4a16_gemm_args {
-    const void *A;          /* [M, K] */
-    const uint32_t *B;      /* AWQ [K, N/8] or Marlin [K/16, 2N] */
-    const void *scales;     /* [K/G, N] (Marlin: permuted) */
-    const uint32_t *zeros;  /* [K/G, N/8], or NULL (symmetric: zero point 8) */
-    const void *bias;       /* [N] or NULL */
-    void *C;                /* [M, N] */
+    const void *A;         /* [M, K] */
+    const uint32_t *B;     /* AWQ [K, N/8] or Marlin [K/16, 2N] */
+    const void *scales;    /* [K/G, N] (Marlin: permuted) */
+    const uint32_t *zeros; /* [K/G, N/8], or NULL (symmetric: zero point 8) */
+    const void *bias;      /* [N] or NULL */
+    void *C;               /* [M, N] */
     int M, N, K;
-    int gshift;             /* group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two */
-    int stages;             /* pipeline stages of the mma.sync kernels */
-    int *counters;          /* workspace: per-tile arrival counters (zero between calls) */
+    int gshift;    /* group of row k = k >> gshift: log2(G), or 31 when G = K is not a power of two */
+    int stages;    /* pipeline stages of the mma.sync kernels */
+    int *counters; /* workspace: per-tile arrival counters (zero between calls) */
 #ifdef __CUDACC__
-    float4 *partials;       /* workspace: split-K partial sums */
+    float4 *partials; /* workspace: split-K partial sums */
 #else
     void *partials;
 #endif
@@ -35,8 +35,8 @@ typedef struct w4a16_gemm_args {
 
 /* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
  * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), or the staged path (dequantise, then dense wgmma). */
-#define W4A16_KERNEL_KINDS(X) X(DECODE8, "decode-8") X(DECODE16, "decode-16") X(MMA, "mma.sync") \
-    X(WGMMA, "wgmma") X(STAGED, "staged")
+#define W4A16_KERNEL_KINDS(X)                                                                                          \
+    X(DECODE8, "decode-8") X(DECODE16, "decode-16") X(MMA, "mma.sync") X(WGMMA, "wgmma") X(STAGED, "staged")
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)
@@ -76,8 +76,8 @@ int w4a16_probe_gemm_wgmma(void);
 /* Largest shared memory per block of the wgmma GEMM tiles (0 when they are not compiled in). */
 int w4a16_gemm_wgmma_smem_bytes(void);
 
-/* The staged large-M path (sm_90a only): Wt[nc, K] (dtype) = dequant(AWQ or Marlin tensors) of channels n0 .. n0 + nc - 1
- * (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]) on a
+/* The staged large-M path (sm_90a only): Wt[nc, K] (dtype) = dequant(AWQ or Marlin tensors) of channels n0 .. n0 + nc -
+ * 1 (K contiguous: the layout the dense GEMM reads), then C[M, nc] (row stride ldc) = A[M, K] Wt^T (+ bias[nc]) on a
  * persistent grid of `grid` blocks. */
 int w4a16_launch_awq_dequant_t(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *Wt, int K,
                                int N, int G, int n0, int nc, int dtype, void *stream);
@@ -86,8 +86,8 @@ int w4a16_launch_marlin_dequant_t(const int32_t *weight, const void *scales, con
 int w4a16_launch_dense_gemm(const void *A, const void *Wt, const void *bias, void *C, int M, int nc, int K, int ldc,
                             int dtype, int grid, void *stream);
 
-int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W,
-                             int K, int N, int G, int dtype, void *stream);
+int w4a16_launch_awq_dequant(const int32_t *qweight, const void *scales, const int32_t *qzeros, void *W, int K, int N,
+                             int G, int dtype, void *stream);
 int w4a16_launch_repack_awq(const int32_t *in, int32_t *out, int K, int N, void *stream);
 int w4a16_launch_repack_gptq(const int32_t *in, const int32_t *perm, int32_t *out, int K, int N, void *stream);
 int w4a16_launch_permute_scales(const void *in, void *out, int rows, int N, int channelwise, void *stream);

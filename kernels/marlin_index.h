@@ -1,6 +1,7 @@
-/* Index maps of the AWQ and Marlin formats (AutoAWQ's packing; the public IST-DASLab / vLLM Marlin layout), as plain inline functions so that the
- * GPU converters (kernels/convert.cu) and their CPU twins (tests/ref/marlin_ref.c) share one definition. The tests
- * check both against an independent, literal implementation of the format's reshape/permute steps. */
+/* Index maps of the AWQ and Marlin formats (AutoAWQ's packing; the public IST-DASLab / vLLM Marlin layout), as plain
+ * inline functions so that the GPU converters (kernels/convert.cu) and their CPU twins (tests/ref/marlin_ref.c) share
+ * one definition. The tests check both against an independent, literal implementation of the format's reshape/permute
+ * steps. */
 #ifndef W4A16_MARLIN_INDEX_H
 #define W4A16_MARLIN_INDEX_H
 #include <stddef.h>

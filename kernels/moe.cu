@@ -14,10 +14,10 @@
 // gridDim.z blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an
 // atomic counter per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits
 // on every run whichever block arrives last.
-#include <cuda_runtime.h>
 #include "common.cuh"
 #include "configs.h"
 #include "moe_launch.h"
+#include <cuda_runtime.h>
 
 namespace w4a16 {
 namespace moe {
@@ -27,9 +27,9 @@ constexpr int THREADS = 128, WARPS = 4;
 // ---------------------------------------------------------------- routing
 // One block: per-expert counts in shared memory, a warp scan of the padded counts, then every pair is scattered to
 // its expert's run. Entries outside [0, E) are dropped.
-__global__ void __launch_bounds__(1024) align_kernel(const int32_t *ids, int n, int E, int bs, int32_t *sorted,
-                                                     int sorted_cap, int32_t *expert_ids, int blocks_cap,
-                                                     int32_t *npp) {
+__global__ void __launch_bounds__(1024)
+    align_kernel(const int32_t *ids, int n, int E, int bs, int32_t *sorted, int sorted_cap, int32_t *expert_ids,
+                 int blocks_cap, int32_t *npp) {
     extern __shared__ int sm[];
     int *cnt = sm, *off = sm + E, *fill = sm + 2 * E + 1; // off has E + 1 entries
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -67,8 +67,10 @@ __global__ void __launch_bounds__(1024) align_kernel(const int32_t *ids, int n, 
             int lo = 0, hi = E - 1;
             while (lo < hi) {
                 const int mid = (lo + hi + 1) / 2;
-                if (off[mid] <= x) lo = mid;
-                else hi = mid - 1;
+                if (off[mid] <= x)
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             e = lo;
         }
@@ -96,8 +98,8 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
-    static constexpr int RED = WK > 1 ? WARPS * MT * 8 * 32 * 16 : 0; // every warp's accumulators as float4
-    static constexpr int A_PER = BM * (BK / 8) / THREADS;             // 16-byte chunks per thread and stage
+    static constexpr int RED = WK > 1 ? WARPS *MT * 8 * 32 * 16 : 0;            // every warp's accumulators as float4
+    static constexpr int A_PER = BM * (BK / 8) / THREADS;                       // 16-byte chunks per thread and stage
     static constexpr int B_CPR = LAYOUT == W4A16_LAYOUT_AWQ ? BN / 32 : BN / 2; // chunks per smem row
     static constexpr int B_ROWS = LAYOUT == W4A16_LAYOUT_AWQ ? BK : BK / 16;
     static constexpr int B_PER = B_ROWS * B_CPR / THREADS;
@@ -234,10 +236,16 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
             const uint32_t *rowp =
                 reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + wn * 8 + r;
-            f[0] = rowp[0]; f[1] = rowp[SB]; f[2] = rowp[8 * SB]; f[3] = rowp[9 * SB];
+            f[0] = rowp[0];
+            f[1] = rowp[SB];
+            f[2] = rowp[8 * SB];
+            f[3] = rowp[9 * SB];
         } else {
             const uint4 v = reinterpret_cast<const uint4 *>(st + A_BYTES + (kk * (2 * BN) + wn * 128) * 4)[lane];
-            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+            f[0] = v.x;
+            f[1] = v.y;
+            f[2] = v.z;
+            f[3] = v.w;
         }
     };
     GroupConst<T> gc[8];
@@ -388,7 +396,10 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 #pragma unroll
                 for (int w = 1; w < WK; w++) {
                     const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
                 }
                 store(mt, j, n0 + gn * 64, sum);
             }
@@ -406,7 +417,10 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 #pragma unroll
                 for (int w = 1; w < WK; w++) {
                     const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
                 }
                 out[sl] = sum;
             }
@@ -433,7 +447,10 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 float4 sum = __ldcg(src);
                 for (int sp = 1; sp < splits; sp++) { // split order: the same sum whichever block is last
                     const float4 v = __ldcg(src + (size_t)sp * TILE_F4);
-                    sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
                 }
                 const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
                 store(mt, j, n0 + gn * 64, sum);
@@ -445,7 +462,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 // Tile config per routing block size: <MT, WN, KS> (see Tile).
 #define W4A16_MOE_CONFIGS(X) X(1, 1, 2) X(2, 2, 2) X(4, 4, 4)
 template <int MT> struct Cfg;
-#define W4A16_MOE_CFG_(mt, wn, ks) \
+#define W4A16_MOE_CFG_(mt, wn, ks)                                                                                     \
     template <> struct Cfg<mt> { static constexpr int WN = wn, KS = ks; };
 W4A16_MOE_CONFIGS(W4A16_MOE_CFG_)
 #undef W4A16_MOE_CFG_
@@ -468,8 +485,10 @@ template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_lau
 }
 
 static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE_SPLIT_BK &&
-                  Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BM * Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN,
-                  Cfg<1>::KS>::BN * 4 == W4A16_MOE_SPLIT_TILE_BYTES, "split-K sizes of csrc/moe.c");
+                  Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BM *
+                          Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BN * 4 ==
+                      W4A16_MOE_SPLIT_TILE_BYTES,
+              "split-K sizes of csrc/moe.c");
 
 // Resident blocks per SM of the 16-row tile (0 if the occupancy query fails: then K is not split).
 template <typename T, int LAYOUT> int blocks_per_sm(int stages) {
@@ -502,10 +521,12 @@ extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
     using namespace w4a16::moe;
     const int mt = block_size <= 16 ? 1 : block_size <= 32 ? 2 : 4;
     if (layout == W4A16_LAYOUT_AWQ)
-        return mt == 1 ? smem_of<W4A16_LAYOUT_AWQ, 1>(stages)
-               : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages) : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
-    return mt == 1 ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
-           : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages) : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
+        return mt == 1   ? smem_of<W4A16_LAYOUT_AWQ, 1>(stages)
+               : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages)
+                         : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
+    return mt == 1   ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
+           : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages)
+                     : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
 }
 
 extern "C" int w4a16_moe_blocks_per_sm(int block_size, int dtype, int layout, int stages) {

@@ -22,8 +22,8 @@ namespace w4a16 {
 // along K (`stride` elements of the source). Chunks with k < 0 are not this thread's (or lie outside the matrix);
 // past K they are zero-filled, so the K tail adds nothing.
 template <int BK, int PER, typename P>
-__device__ __forceinline__ void issue_plan(unsigned char *st, const P *(&src)[PER], int (&k)[PER], const uint32_t (&dst)[PER],
-                                           size_t stride, int K, const P *any) {
+__device__ __forceinline__ void issue_plan(unsigned char *st, const P *(&src)[PER], int (&k)[PER],
+                                           const uint32_t (&dst)[PER], size_t stride, int K, const P *any) {
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         if (k[i] >= 0) {
@@ -46,7 +46,7 @@ template <typename T, int BM, int BK, int THREADS> struct ActTile {
     static constexpr int CHUNKS = BM * CH, PER = (CHUNKS + THREADS - 1) / THREADS;
     static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CH == 0 && (THREADS / CH) % 8 == 0 && PER <= 32;
     static constexpr int RSTEP = UNIFORM ? THREADS / CH : 1; // rows between a thread's chunks (uniform plan)
-    static constexpr int NP = UNIFORM ? 1 : PER;            // per-chunk plan entries
+    static constexpr int NP = UNIFORM ? 1 : PER;             // per-chunk plan entries
     const T *src[NP];
     int k[NP]; // first k of the chunk; < 0 when the thread has no chunk there (or the row is >= M)
     uint32_t dst[NP];
@@ -99,10 +99,10 @@ template <typename T, int BM, int BK, int THREADS> struct ActTile {
 
 template <typename T, int LAYOUT, int BN, int BK, int NH, int THREADS> struct WeightTile {
     using F = WeightFormat<LAYOUT>;
-    static constexpr int NB = 8 / NH;       // n8 blocks per warp
-    static constexpr int SLOTS = BK / 32;   // scale rows a stage can need (G >= 32)
+    static constexpr int NB = 8 / NH;                            // n8 blocks per warp
+    static constexpr int SLOTS = BK / 32;                        // scale rows a stage can need (G >= 32)
     static constexpr int SROW = F::row_words(BN) + F::PAD_WORDS; // words per shared-memory row
-    static constexpr int ROWS = BK / F::KROW;                     // stored rows per stage
+    static constexpr int ROWS = BK / F::KROW;                    // stored rows per stage
     static constexpr int B_BYTES = ROWS * SROW * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     static constexpr int BYTES = B_BYTES + S_BYTES + Z_BYTES;

@@ -28,7 +28,9 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // cp.async wrote the tile through the generic proxy; wgmma reads it through the async proxy.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Pins accumulator registers at this point of the program: the compiler must not move their reads or writes
 // across a wgmma wait (the hardware writes them asynchronously).
 template <int N> __device__ __forceinline__ void fence_operands(float (&d)[N]) {
@@ -49,44 +51,45 @@ template <int R, int N> __device__ __forceinline__ void fence_operands(uint32_t 
 // descriptor. A is either registers (RS: 4 per thread, the m16n8k16 A-fragment layout per warp, warp w holding
 // rows 16w..16w+15) or a K-major shared-memory tile by descriptor (SS). The accumulate flag is operand N/2;
 // W4A16_D32_(i) names the accumulator operands d[i] .. d[i + 31].
-#define W4A16_D8_(i)                                                                                            \
-    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]),       \
+#define W4A16_D8_(i)                                                                                                   \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]),            \
         "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define W4A16_D32_(i) W4A16_D8_(i), W4A16_D8_((i) + 8), W4A16_D8_((i) + 16), W4A16_D8_((i) + 24)
 
-#define W4A16_WGMMA_N256_(TY, OPS, ...)                                                                                    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %128, 0;\n"                                                             \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                                             \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                                  \
-                 "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,"                        \
-                 "%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"                        \
-                 "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                        \
-                 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,"                        \
-                 "%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,"    \
-                 "%120,%121,%122,%123,%124,%125,%126,%127"                                                                 \
-                 "}, " OPS ";\n}\n"                                                                                        \
-        : W4A16_D32_(0), W4A16_D32_(32), W4A16_D32_(64), W4A16_D32_(96)                                                    \
+#define W4A16_WGMMA_N256_(TY, OPS, ...)                                                                                \
+    asm volatile(                                                                                                      \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %128, 0;\n"                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                                                  \
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                                       \
+        "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,"                             \
+        "%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"                             \
+        "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                             \
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,"                             \
+        "%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,"         \
+        "%120,%121,%122,%123,%124,%125,%126,%127"                                                                      \
+        "}, " OPS ";\n}\n"                                                                                             \
+        : W4A16_D32_(0), W4A16_D32_(32), W4A16_D32_(64), W4A16_D32_(96)                                                \
         : "r"(accumulate), __VA_ARGS__)
 
-#define W4A16_WGMMA_N128_(TY, OPS, ...)                                                                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %64, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                                     \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                          \
-                 "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,"                \
-                 "%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"                \
-                 "%60,%61,%62,%63"                                                                                 \
-                 "}, " OPS ";\n}\n"                                                                                \
-        : W4A16_D32_(0), W4A16_D32_(32)                                                                            \
-        : "r"(accumulate), __VA_ARGS__)
+#define W4A16_WGMMA_N128_(TY, OPS, ...)                                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %64, 0;\n"                                                          \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                                         \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                              \
+                 "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,"                    \
+                 "%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"                    \
+                 "%60,%61,%62,%63"                                                                                     \
+                 "}, " OPS ";\n}\n"                                                                                    \
+                 : W4A16_D32_(0), W4A16_D32_(32)                                                                       \
+                 : "r"(accumulate), __VA_ARGS__)
 
-#define W4A16_WGMMA_N64_(TY, OPS, ...)                                                                             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                      \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                          \
-                 "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                                 \
-                 "}, " OPS ";\n}\n"                                                                                \
-        : W4A16_D32_(0)                                                                                            \
-        : "r"(accumulate), __VA_ARGS__)
+#define W4A16_WGMMA_N64_(TY, OPS, ...)                                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"                                                          \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                          \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                              \
+                 "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                                     \
+                 "}, " OPS ";\n}\n"                                                                                    \
+                 : W4A16_D32_(0)                                                                                       \
+                 : "r"(accumulate), __VA_ARGS__)
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t a[4], uint64_t desc, int accumulate) {
@@ -94,14 +97,20 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t a
     constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
 #define W4A16_RS_IN_ "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
     if constexpr (N == 256) {
-        if constexpr (bf16) W4A16_WGMMA_N256_("bf16", "{%129,%130,%131,%132}, %133, p, 1, 1, 0", W4A16_RS_IN_);
-        else W4A16_WGMMA_N256_("f16", "{%129,%130,%131,%132}, %133, p, 1, 1, 0", W4A16_RS_IN_);
+        if constexpr (bf16)
+            W4A16_WGMMA_N256_("bf16", "{%129,%130,%131,%132}, %133, p, 1, 1, 0", W4A16_RS_IN_);
+        else
+            W4A16_WGMMA_N256_("f16", "{%129,%130,%131,%132}, %133, p, 1, 1, 0", W4A16_RS_IN_);
     } else if constexpr (N == 128) {
-        if constexpr (bf16) W4A16_WGMMA_N128_("bf16", "{%65,%66,%67,%68}, %69, p, 1, 1, 0", W4A16_RS_IN_);
-        else W4A16_WGMMA_N128_("f16", "{%65,%66,%67,%68}, %69, p, 1, 1, 0", W4A16_RS_IN_);
+        if constexpr (bf16)
+            W4A16_WGMMA_N128_("bf16", "{%65,%66,%67,%68}, %69, p, 1, 1, 0", W4A16_RS_IN_);
+        else
+            W4A16_WGMMA_N128_("f16", "{%65,%66,%67,%68}, %69, p, 1, 1, 0", W4A16_RS_IN_);
     } else {
-        if constexpr (bf16) W4A16_WGMMA_N64_("bf16", "{%33,%34,%35,%36}, %37, p, 1, 1, 0", W4A16_RS_IN_);
-        else W4A16_WGMMA_N64_("f16", "{%33,%34,%35,%36}, %37, p, 1, 1, 0", W4A16_RS_IN_);
+        if constexpr (bf16)
+            W4A16_WGMMA_N64_("bf16", "{%33,%34,%35,%36}, %37, p, 1, 1, 0", W4A16_RS_IN_);
+        else
+            W4A16_WGMMA_N64_("f16", "{%33,%34,%35,%36}, %37, p, 1, 1, 0", W4A16_RS_IN_);
     }
 #undef W4A16_RS_IN_
 }
@@ -112,14 +121,20 @@ __device__ __forceinline__ void wgmma_m64k16_ss(float (&d)[N / 2], uint64_t desc
     static_assert(N == 64 || N == 128 || N == 256, "the wgmma tile widths the kernels use");
     constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
     if constexpr (N == 256) {
-        if constexpr (bf16) W4A16_WGMMA_N256_("bf16", "%129, %130, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
-        else W4A16_WGMMA_N256_("f16", "%129, %130, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        if constexpr (bf16)
+            W4A16_WGMMA_N256_("bf16", "%129, %130, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        else
+            W4A16_WGMMA_N256_("f16", "%129, %130, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
     } else if constexpr (N == 128) {
-        if constexpr (bf16) W4A16_WGMMA_N128_("bf16", "%65, %66, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
-        else W4A16_WGMMA_N128_("f16", "%65, %66, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        if constexpr (bf16)
+            W4A16_WGMMA_N128_("bf16", "%65, %66, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        else
+            W4A16_WGMMA_N128_("f16", "%65, %66, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
     } else {
-        if constexpr (bf16) W4A16_WGMMA_N64_("bf16", "%33, %34, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
-        else W4A16_WGMMA_N64_("f16", "%33, %34, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        if constexpr (bf16)
+            W4A16_WGMMA_N64_("bf16", "%33, %34, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
+        else
+            W4A16_WGMMA_N64_("f16", "%33, %34, p, 1, 1, 0, 0", "l"(desc_a), "l"(desc_b));
     }
 }
 #undef W4A16_WGMMA_N256_
@@ -130,13 +145,15 @@ __device__ __forceinline__ void wgmma_m64k16_ss(float (&d)[N / 2], uint64_t desc
 
 // ---- mbarriers (shared-memory arrival counters with phases) and TMA tile loads: the dense GEMM's pipeline.
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-                 "r"(count)
-                 : "memory");
+    asm volatile(
+        "mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+        "r"(count)
+        : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-                 : "memory");
+    asm volatile(
+        "mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+        : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
@@ -176,10 +193,12 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() {
 }
 
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1),
+        "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+        : "memory");
 }
 
 } // namespace w4a16

@@ -62,14 +62,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t wsb = take(&r, 4);
     const void *a = ptr(&r), *b = ptr(&r), *c = ptr(&r), *d = ptr(&r), *e = ptr(&r), *f = ptr(&r), *ws = ptr(&r);
     switch (op) {
-    case 0: check(w4a16_awq_gemm(a, b, c, d, e, (void *)f, M, N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL)); break;
-    case 1: check(w4a16_marlin_gemm(a, b, c, d, e, (void *)f, M, N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL)); break;
-    case 2: check(w4a16_awq_dequantize(b, c, d, (void *)f, K, N, G, (w4a16_dtype)dt, NULL)); break;
-    case 3: check(w4a16_marlin_repack_awq(b, (int32_t *)f, K, N, NULL)); break;
-    case 4: check(w4a16_marlin_repack_gptq(b, d, (int32_t *)f, K, N, NULL)); break;
-    case 5: check(w4a16_marlin_permute_scales(c, (void *)f, K, N, G, (w4a16_dtype)dt, NULL)); break;
-    case 6: check(w4a16_marlin_awq_zero_points(d, (int32_t *)f, K, N, G, NULL)); break;
-    case 8: case 9: case 10: case 11: { /* mixture of experts: routing, grouped GEMMs, stacked converters */
+    case 0:
+        check(w4a16_awq_gemm(a, b, c, d, e, (void *)f, M, N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL));
+        break;
+    case 1:
+        check(w4a16_marlin_gemm(a, b, c, d, e, (void *)f, M, N, K, G, (w4a16_dtype)dt, (void *)ws, wsb, NULL));
+        break;
+    case 2:
+        check(w4a16_awq_dequantize(b, c, d, (void *)f, K, N, G, (w4a16_dtype)dt, NULL));
+        break;
+    case 3:
+        check(w4a16_marlin_repack_awq(b, (int32_t *)f, K, N, NULL));
+        break;
+    case 4:
+        check(w4a16_marlin_repack_gptq(b, d, (int32_t *)f, K, N, NULL));
+        break;
+    case 5:
+        check(w4a16_marlin_permute_scales(c, (void *)f, K, N, G, (w4a16_dtype)dt, NULL));
+        break;
+    case 6:
+        check(w4a16_marlin_awq_zero_points(d, (int32_t *)f, K, N, G, NULL));
+        break;
+    case 8:
+    case 9:
+    case 10:
+    case 11: { /* mixture of experts: routing, grouped GEMMs, stacked converters */
         int top_k = (int)take(&r, 2) - 8, E = (int)take(&r, 2) - 8, bs = (int)take(&r, 2) - 8;
         int cap = (int)take(&r, 4), bcap = (int)take(&r, 4);
         if (op == 8)
@@ -87,10 +104,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!known_status(s) || (s != W4A16_OK && w4a16_last_error_message()[0] == '\0')) abort();
             if (s == W4A16_OK && (sc < bs || sc % bs || bc != sc / bs || sc < M * top_k)) abort();
             switch (G & 3) {
-            case 0: check(w4a16_moe_marlin_repack_awq(b, (int32_t *)f, E, K, N, NULL)); break;
-            case 1: check(w4a16_moe_marlin_repack_gptq(b, d, (int32_t *)f, E, K, N, NULL)); break;
-            case 2: check(w4a16_moe_marlin_permute_scales(c, (void *)f, E, K, N, M, (w4a16_dtype)dt, NULL)); break;
-            default: check(w4a16_moe_marlin_awq_zero_points(d, (int32_t *)f, E, K, N, M, NULL)); break;
+            case 0:
+                check(w4a16_moe_marlin_repack_awq(b, (int32_t *)f, E, K, N, NULL));
+                break;
+            case 1:
+                check(w4a16_moe_marlin_repack_gptq(b, d, (int32_t *)f, E, K, N, NULL));
+                break;
+            case 2:
+                check(w4a16_moe_marlin_permute_scales(c, (void *)f, E, K, N, M, (w4a16_dtype)dt, NULL));
+                break;
+            default:
+                check(w4a16_moe_marlin_awq_zero_points(d, (int32_t *)f, E, K, N, M, NULL));
+                break;
             }
         }
         break;

@@ -2,38 +2,38 @@
  * tensors on the device, the Marlin conversion of them, and the cuBLAS product used as the reference. */
 #ifndef W4A16_GPU_UTIL_H
 #define W4A16_GPU_UTIL_H
+#include "ref/reference.h"
+#include "w4a16.h"
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "ref/reference.h"
-#include "w4a16.h"
 
-#define GPU_CHECK(x)                                                                                  \
-    do {                                                                                              \
-        cudaError_t e_ = (x);                                                                         \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            abort();                                                                                  \
-        }                                                                                             \
+#define GPU_CHECK(x)                                                                                                   \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                 \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
-#define BLAS_CHECK(x)                                                                             \
-    do {                                                                                          \
-        cublasStatus_t e_ = (x);                                                                  \
-        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                        \
-            fprintf(stderr, "%s:%d: %s failed: cublas status %d\n", __FILE__, __LINE__, #x, (int)e_); \
-            abort();                                                                              \
-        }                                                                                         \
+#define BLAS_CHECK(x)                                                                                                  \
+    do {                                                                                                               \
+        cublasStatus_t e_ = (x);                                                                                       \
+        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            fprintf(stderr, "%s:%d: %s failed: cublas status %d\n", __FILE__, __LINE__, #x, (int)e_);                  \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
-#define W4_CHECK(x)                                                                                          \
-    do {                                                                                                     \
-        w4a16_status e_ = (x);                                                                               \
-        if (e_ != W4A16_OK) {                                                                                \
-            fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #x, w4a16_status_string(e_),   \
-                    w4a16_last_error_message());                                                             \
-            abort();                                                                                         \
-        }                                                                                                    \
+#define W4_CHECK(x)                                                                                                    \
+    do {                                                                                                               \
+        w4a16_status e_ = (x);                                                                                         \
+        if (e_ != W4A16_OK) {                                                                                          \
+            fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #x, w4a16_status_string(e_),             \
+                    w4a16_last_error_message());                                                                       \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 static inline void *gpu_alloc(size_t bytes) {
@@ -66,14 +66,18 @@ typedef struct gpu_layer {
     uint16_t *scales;          /* [groups, N] */
     int32_t *mweight, *mzeros; /* Marlin [K/16, 2N], [groups, N/8] (NULL for GPTQ) */
     uint16_t *mscales;
-    uint16_t *dense;           /* dequantised W [K, N] in dtype, for the reference */
+    uint16_t *dense; /* dequantised W [K, N] in dtype, for the reference */
 } gpu_layer;
 
 /* Scales around 0.01 keep |C| near 1 for K in the thousands with A in [-1, 1]. */
 static inline void gpu_layer_make(gpu_layer *L, int K, int N, int G, w4a16_dtype dt, int gptq, int marlin,
                                   uint64_t *seed) {
     memset(L, 0, sizeof *L);
-    L->K = K; L->N = N; L->G = G; L->dt = dt; L->gptq = gptq;
+    L->K = K;
+    L->N = N;
+    L->G = G;
+    L->dt = dt;
+    L->gptq = gptq;
     L->groups = (G == -1 || G == K) ? 1 : K / G;
     size_t nw = (size_t)K * N / 8, nz = (size_t)L->groups * N / 8, ns = (size_t)L->groups * N;
     uint32_t *hw = (uint32_t *)malloc(nw * 4), *hz = (uint32_t *)malloc(nz * 4);
@@ -95,7 +99,9 @@ static inline void gpu_layer_make(gpu_layer *L, int K, int N, int G, w4a16_dtype
         w4a16_ref_dequantize_q(q, NULL, hs, K, N, G, dt, wf);
         for (size_t i = 0; i < (size_t)K * N; i++) wh[i] = w4a16_ref_from_float(wf[i], dt);
         GPU_CHECK(cudaMemcpy(L->dense, wh, (size_t)K * N * 2, cudaMemcpyHostToDevice));
-        free(q); free(wf); free(wh);
+        free(q);
+        free(wf);
+        free(wh);
     }
     if (marlin) {
         L->mweight = (int32_t *)gpu_alloc(nw * 4);
@@ -110,12 +116,19 @@ static inline void gpu_layer_make(gpu_layer *L, int K, int N, int G, w4a16_dtype
         W4_CHECK(w4a16_marlin_permute_scales(L->scales, L->mscales, K, N, G, dt, NULL));
     }
     GPU_CHECK(cudaDeviceSynchronize());
-    free(hw); free(hz); free(hs);
+    free(hw);
+    free(hz);
+    free(hs);
 }
 
 static inline void gpu_layer_free(gpu_layer *L) {
-    cudaFree(L->qweight); cudaFree(L->qzeros); cudaFree(L->scales);
-    cudaFree(L->mweight); cudaFree(L->mzeros); cudaFree(L->mscales); cudaFree(L->dense);
+    cudaFree(L->qweight);
+    cudaFree(L->qzeros);
+    cudaFree(L->scales);
+    cudaFree(L->mweight);
+    cudaFree(L->mzeros);
+    cudaFree(L->mscales);
+    cudaFree(L->dense);
     memset(L, 0, sizeof *L);
 }
 
@@ -126,7 +139,7 @@ static inline cudaDataType_t cuda_type(w4a16_dtype dt) { return dt == W4A16_BF16
 static inline void cublas_gemm(cublasHandle_t h, const void *A, const void *W, void *C, int M, int N, int K,
                                w4a16_dtype dt, cudaDataType_t out_type) {
     const float one = 1.f, zero = 0.f;
-    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, W, cuda_type(dt), N, A, cuda_type(dt), K,
-                            &zero, C, out_type, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, W, cuda_type(dt), N, A, cuda_type(dt), K, &zero,
+                            C, out_type, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 #endif

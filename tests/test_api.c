@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
 
 #include "w4a16.h"
@@ -19,8 +21,12 @@ static _Alignas(256) unsigned char bufA[BUF], bufW[BUF], bufS[BUF], bufZ[BUF], b
 static const unsigned char POISON = 0xA5;
 
 static void poison_all(void) {
-    memset(bufA, POISON, BUF); memset(bufW, POISON, BUF); memset(bufS, POISON, BUF);
-    memset(bufZ, POISON, BUF); memset(bufC, POISON, BUF); memset(bufWS, POISON, BUF);
+    memset(bufA, POISON, BUF);
+    memset(bufW, POISON, BUF);
+    memset(bufS, POISON, BUF);
+    memset(bufZ, POISON, BUF);
+    memset(bufC, POISON, BUF);
+    memset(bufWS, POISON, BUF);
 }
 static void assert_untouched(void) {
     unsigned char *bufs[] = {bufA, bufW, bufS, bufZ, bufC, bufWS};
@@ -28,18 +34,18 @@ static void assert_untouched(void) {
         for (int i = 0; i < BUF; i++) assert_int_equal(bufs[b][i], POISON);
 }
 
-#define EXPECT(call, status, fragment)                                                                  \
-    do {                                                                                                \
-        poison_all();                                                                                   \
-        w4a16_status s_ = (call);                                                                       \
-        if (s_ != (status) || !strstr(w4a16_last_error_message(), (fragment)))                          \
-            fail_msg("%s\n  returned %d (%s) '%s', expected %d with '%s'", #call, s_, w4a16_status_string(s_), \
-                     w4a16_last_error_message(), (int)(status), (fragment));                            \
-        assert_untouched();                                                                             \
+#define EXPECT(call, status, fragment)                                                                                 \
+    do {                                                                                                               \
+        poison_all();                                                                                                  \
+        w4a16_status s_ = (call);                                                                                      \
+        if (s_ != (status) || !strstr(w4a16_last_error_message(), (fragment)))                                         \
+            fail_msg("%s\n  returned %d (%s) '%s', expected %d with '%s'", #call, s_, w4a16_status_string(s_),         \
+                     w4a16_last_error_message(), (int)(status), (fragment));                                           \
+        assert_untouched();                                                                                            \
     } while (0)
 
 static const int32_t *W = (const int32_t *)bufW, *Z = (const int32_t *)bufZ;
-#define AWQ(A_, qw_, s_, qz_, b_, C_, M_, N_, K_, G_, dt_, ws_, wsb_) \
+#define AWQ(A_, qw_, s_, qz_, b_, C_, M_, N_, K_, G_, dt_, ws_, wsb_)                                                  \
     w4a16_awq_gemm(A_, qw_, s_, qz_, b_, C_, M_, N_, K_, G_, dt_, ws_, wsb_, NULL)
 
 static void test_version(void **state) {
@@ -54,10 +60,10 @@ static void test_status_strings(void **state) {
     (void)state;
     const char *seen[64] = {0};
     int n = 0;
-#define CHECK_STATUS_(name, value, text)                                         \
-    assert_string_equal(w4a16_status_string(name), text);                        \
-    assert_true(strlen(text) > 5);                                               \
-    for (int i = 0; i < n; i++) assert_string_not_equal(seen[i], text);          \
+#define CHECK_STATUS_(name, value, text)                                                                               \
+    assert_string_equal(w4a16_status_string(name), text);                                                              \
+    assert_true(strlen(text) > 5);                                                                                     \
+    for (int i = 0; i < n; i++) assert_string_not_equal(seen[i], text);                                                \
     seen[n++] = text;
     W4A16_STATUS_LIST(CHECK_STATUS_)
 #undef CHECK_STATUS_
@@ -83,16 +89,18 @@ static void test_awq_gemm_validation(void **state) {
     (void)state;
     const w4a16_dtype H = W4A16_FP16;
     EXPECT(AWQ(NULL, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER, "A is NULL");
-    EXPECT(AWQ(bufA, NULL, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER, "qweight is NULL");
+    EXPECT(AWQ(bufA, NULL, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER,
+           "qweight is NULL");
     EXPECT(AWQ(bufA, W, NULL, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER, "scales is NULL");
     EXPECT(AWQ(bufA, W, bufS, NULL, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER, "qzeros is NULL");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, NULL, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_NULL_POINTER, "C is NULL");
     EXPECT(AWQ(bufA + 2, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_MISALIGNED, "16-byte aligned");
-    EXPECT(AWQ(bufA, (const int32_t *)(bufW + 4), bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_MISALIGNED,
-           "qweight=");
+    EXPECT(AWQ(bufA, (const int32_t *)(bufW + 4), bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0),
+           W4A16_ERR_MISALIGNED, "qweight=");
     EXPECT(AWQ(bufA, W, bufS, Z, bufWS + 2, bufC, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_MISALIGNED, "bias=");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC + 8, 1, 64, 128, 128, H, NULL, 0), W4A16_ERR_MISALIGNED, "C=");
-    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 0, 64, 128, 128, H, NULL, 0), W4A16_ERR_INVALID_SHAPE, "M=0 must be at least 1");
+    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 0, 64, 128, 128, H, NULL, 0), W4A16_ERR_INVALID_SHAPE,
+           "M=0 must be at least 1");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, -3, 64, 128, 128, H, NULL, 0), W4A16_ERR_INVALID_SHAPE, "M=-3");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 100, 128, 128, H, NULL, 0), W4A16_ERR_INVALID_SHAPE,
            "N=100 must be a positive multiple of 64");
@@ -103,17 +111,20 @@ static void test_awq_gemm_validation(void **state) {
            "K=100 must be a positive multiple of 32");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 48, H, NULL, 0), W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
            "group_size=48 is not one of 32, 64, 128, -1");
-    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 0, H, NULL, 0), W4A16_ERR_UNSUPPORTED_GROUP_SIZE, "group_size=0");
+    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 0, H, NULL, 0), W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
+           "group_size=0");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, (w4a16_dtype)7, NULL, 0), W4A16_ERR_UNSUPPORTED_DTYPE,
            "dtype=7");
     /* products that overflow 32 bits are computed in 64 bits and rejected past the documented limit */
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1 << 30, 64, 1 << 20, 128, H, NULL, 0), W4A16_ERR_SIZE_OVERFLOW,
            "A[M,K] has 1073741824 x 1048576 elements");
-    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64 * 70000, 128, 128, H, NULL, 0), W4A16_ERR_SIZE_OVERFLOW, "N=4480000");
-    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 1024), W4A16_ERR_NULL_POINTER, "workspace is NULL");
+    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64 * 70000, 128, 128, H, NULL, 0), W4A16_ERR_SIZE_OVERFLOW,
+           "N=4480000");
+    EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 1024), W4A16_ERR_NULL_POINTER,
+           "workspace is NULL");
     EXPECT(AWQ(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, bufWS + 4, 1024), W4A16_ERR_MISALIGNED, "workspace=");
-    EXPECT(w4a16_awq_gemm_ex(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 6u, NULL), W4A16_ERR_INVALID_VALUE,
-           "flags=0x6 has unknown bits");
+    EXPECT(w4a16_awq_gemm_ex(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 6u, NULL),
+           W4A16_ERR_INVALID_VALUE, "flags=0x6 has unknown bits");
     EXPECT(w4a16_marlin_gemm_ex(bufA, W, bufS, NULL, NULL, bufC, 1, 64, 128, 128, H, NULL, 0, 0x80u, NULL),
            W4A16_ERR_INVALID_VALUE, "flags=0x80");
     /* both known flags pass the flag check: the next check (the group size) answers */
@@ -139,7 +150,8 @@ static void test_converter_validation(void **state) {
     (void)state;
     int32_t *out = (int32_t *)bufC;
     EXPECT(w4a16_marlin_repack_awq(W, (int32_t *)bufW, 128, 64, NULL), W4A16_ERR_INVALID_VALUE, "same buffer");
-    EXPECT(w4a16_marlin_repack_awq(W, out, 120, 64, NULL), W4A16_ERR_INVALID_SHAPE, "K=120 must be a positive multiple of 16");
+    EXPECT(w4a16_marlin_repack_awq(W, out, 120, 64, NULL), W4A16_ERR_INVALID_SHAPE,
+           "K=120 must be a positive multiple of 16");
     EXPECT(w4a16_marlin_repack_awq(W, out, 128, 96, NULL), W4A16_ERR_INVALID_SHAPE, "N=96");
     EXPECT(w4a16_marlin_repack_gptq(W, (const int32_t *)(bufZ + 2), out, 128, 64, NULL), W4A16_ERR_MISALIGNED, "perm=");
     EXPECT(w4a16_marlin_permute_scales(bufS, bufC, 128, 64, 96, W4A16_FP16, NULL), W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
@@ -158,8 +170,10 @@ static void test_introspection_validation(void **state) {
     EXPECT(w4a16_workspace_size(NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
     size_t bytes = 12345;
     EXPECT(w4a16_workspace_size_staged(4096, 4096, NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
-    EXPECT(w4a16_workspace_size_staged(100, 4096, &bytes), W4A16_ERR_INVALID_SHAPE, "N=100 must be a positive multiple of 64");
-    EXPECT(w4a16_workspace_size_staged(4096, 4010, &bytes), W4A16_ERR_INVALID_SHAPE, "K=4010 must be a positive multiple of 32");
+    EXPECT(w4a16_workspace_size_staged(100, 4096, &bytes), W4A16_ERR_INVALID_SHAPE,
+           "N=100 must be a positive multiple of 64");
+    EXPECT(w4a16_workspace_size_staged(4096, 4010, &bytes), W4A16_ERR_INVALID_SHAPE,
+           "K=4010 must be a positive multiple of 32");
     assert_int_equal(bytes, 12345); /* nothing written on failure */
     EXPECT(w4a16_force_profile("sm999"), W4A16_ERR_INVALID_VALUE, "profile 'sm999' does not exist");
     w4a16_device_info info;
@@ -193,7 +207,9 @@ static void test_act_order_sort(void **state) {
     int pos[K];
     for (int k = 0; k < K; k++) pos[k] = k;
     for (int k = K - 1; k > 0; k--) { /* desc_act: group of a row = its rank in activation order / G */
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
         int j = (int)(x % (uint64_t)(k + 1)), t = pos[k];
         pos[k] = pos[j];
         pos[j] = t;
@@ -203,7 +219,7 @@ static void test_act_order_sort(void **state) {
     int seen[K] = {0};
     for (int k = 0; k < K; k++) {
         seen[perm[k]]++;
-        assert_int_equal(g_idx[perm[k]], k / G);      /* sorted by group */
+        assert_int_equal(g_idx[perm[k]], k / G); /* sorted by group */
         assert_int_equal(sorted[k], k / G);
         if (k % G) assert_true(perm[k] > perm[k - 1]); /* stable inside a group */
     }
@@ -229,7 +245,9 @@ static void test_act_order_plan(void **state) {
     int counts[GROUPS] = {0};
     uint64_t x = 0x9E3779B97F4A7C15ull;
     for (int k = 0; k < K; k++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
         g_idx[k] = (int32_t)(x % GROUPS);
         counts[g_idx[k]]++;
     }
@@ -260,7 +278,8 @@ static void test_driver_too_old(void **state) {
     (void)state;
     setenv("W4A16_FAKE_DRIVER_VERSION", "12020", 1);
     size_t bytes = 0;
-    EXPECT(w4a16_workspace_size(&bytes), W4A16_ERR_DRIVER_TOO_OLD, "supports CUDA 12.2 but this build of w4a16 needs CUDA 13.0");
+    EXPECT(w4a16_workspace_size(&bytes), W4A16_ERR_DRIVER_TOO_OLD,
+           "supports CUDA 12.2 but this build of w4a16 needs CUDA 13.0");
     EXPECT(w4a16_awq_gemm(bufA, W, bufS, Z, NULL, bufC, 1, 64, 128, 128, W4A16_FP16, NULL, 0, NULL),
            W4A16_ERR_DRIVER_TOO_OLD, "driver >= 580");
     w4a16_device_info info;

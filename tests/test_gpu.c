@@ -8,9 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
 
 #include "cases.h"
@@ -33,12 +35,12 @@ static const char *path_name[] = {"awq", "marlin"};
 
 static double tolerance(w4a16_dtype dt) { return dt == W4A16_BF16 ? 2e-2 : 1e-2; }
 
-#define REQUIRE_GPU()                                    \
-    do {                                                 \
-        if (!have_gpu) {                                 \
-            printf("  SKIPPED: %s\n", skip_reason);      \
-            skip();                                      \
-        }                                                \
+#define REQUIRE_GPU()                                                                                                  \
+    do {                                                                                                               \
+        if (!have_gpu) {                                                                                               \
+            printf("  SKIPPED: %s\n", skip_reason);                                                                    \
+            skip();                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 typedef struct stats {
@@ -68,14 +70,25 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
     w4a16_status s;
     if (path == PATH_AWQ)
         s = w4a16_awq_gemm(A, L->qweight, L->scales, L->qzeros, bias, C, M, N, K, L->G, dt,
-                           use_ws == 2 ? ws_other : use_ws ? workspace : NULL,
-                           use_ws == 2 ? ws_other_bytes : use_ws ? workspace_bytes : 0, NULL);
+                           use_ws == 2 ? ws_other
+                           : use_ws    ? workspace
+                                       : NULL,
+                           use_ws == 2 ? ws_other_bytes
+                           : use_ws    ? workspace_bytes
+                                       : 0,
+                           NULL);
     else
         s = w4a16_marlin_gemm(A, L->mweight, L->mscales, L->mzeros, bias, C, M, N, K, L->G, dt,
-                              use_ws == 2 ? ws_other : use_ws ? workspace : NULL,
-                              use_ws == 2 ? ws_other_bytes : use_ws ? workspace_bytes : 0, NULL);
-    if (s != W4A16_OK) fail_msg("%s M=%d K=%d N=%d: %s: %s", path_name[path], M, K, N, w4a16_status_string(s),
-                                w4a16_last_error_message());
+                              use_ws == 2 ? ws_other
+                              : use_ws    ? workspace
+                                          : NULL,
+                              use_ws == 2 ? ws_other_bytes
+                              : use_ws    ? workspace_bytes
+                                          : 0,
+                              NULL);
+    if (s != W4A16_OK)
+        fail_msg("%s M=%d K=%d N=%d: %s: %s", path_name[path], M, K, N, w4a16_status_string(s),
+                 w4a16_last_error_message());
     GPU_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(cudaMemcpy(hC, C, nC * 2, cudaMemcpyDeviceToHost));
     GPU_CHECK(cudaMemcpy(href, ref, nC * 4, cudaMemcpyDeviceToHost));
@@ -94,7 +107,8 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
         GPU_CHECK(cudaMemcpy(cnt, use_ws == 2 ? ws_other : workspace, (size_t)4 * sm_count * sizeof(int),
                              cudaMemcpyDeviceToHost));
         for (int i = 0; i < 4 * sm_count; i++)
-            if (cnt[i]) fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
+            if (cnt[i])
+                fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
         free(cnt);
     }
     char label[160];
@@ -109,8 +123,14 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
             snprintf(st->worst_case, sizeof st->worst_case, "%s", label);
         }
     }
-    cudaFree(A); cudaFree(bias); cudaFree(C); cudaFree(ref);
-    free(hA); free(hC); free(hbias); free(href);
+    cudaFree(A);
+    cudaFree(bias);
+    cudaFree(C);
+    cudaFree(ref);
+    free(hA);
+    free(hC);
+    free(hbias);
+    free(href);
     return err;
 }
 
@@ -170,13 +190,16 @@ static void test_awq_k_tail(void **state) {
 static void test_staged(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const struct { int K, N, M, slab, gptq; } cases[] = {
+    const struct {
+        int K, N, M, slab, gptq;
+    } cases[] = {
         {4096, 4096, 2100, 0, 0},    /* one slab, 9 x 32 tiles */
         {2080, 5632, 2048, 0, 0},    /* K % 64 = 32 (AWQ only), 8 x 44 tiles */
         {2048, 5632, 4096, 2048, 0}, /* slabs of 2048, 2048, 1536 channels */
-        {1024, 8192, 2500, 1792, 0}, /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
-        {3072, 2048, 4096, 0, 1},    /* GPTQ (Marlin path, uint4b8) */
-        {1024, 4160, 1100, 0, 0},    /* N % 128 = 64: the last tile's second warpgroup stores nothing (TMA clips) */
+        {1024, 8192, 2500, 1792,
+         0},                      /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
+        {3072, 2048, 4096, 0, 1}, /* GPTQ (Marlin path, uint4b8) */
+        {1024, 4160, 1100, 0, 0}, /* N % 128 = 64: the last tile's second warpgroup stores nothing (TMA clips) */
     };
     const int gs[] = {32, 128, -1};
     stats st = {0};
@@ -244,7 +267,8 @@ static void test_selfref_staged_vs_fused(void **state) {
             GPU_CHECK(cudaMemset(C1, 0xFF, (size_t)2 * M * N));
             GPU_CHECK(cudaMemset(C2, 0xFF, (size_t)2 * M * N));
             if (path == PATH_AWQ) {
-                W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
+                W4_CHECK(
+                    w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 64, dt, ws, ws_bytes, NULL));
                 W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C2, M, N, K, 64, dt, workspace,
                                         workspace_bytes, NULL));
             } else {
@@ -286,8 +310,15 @@ static void test_selfref_staged_vs_fused(void **state) {
                 cudaStreamDestroy(s);
             }
         }
-    cudaFree(A); cudaFree(bias); cudaFree(C1); cudaFree(C2); cudaFree(ws);
-    free(hA); free(hb); free(c1); free(c2);
+    cudaFree(A);
+    cudaFree(bias);
+    cudaFree(C1);
+    cudaFree(C2);
+    cudaFree(ws);
+    free(hA);
+    free(hb);
+    free(c1);
+    free(c2);
     gpu_layer_free(&L);
 }
 
@@ -349,8 +380,8 @@ static int *random_permutation(int n) {
 
 /* Act-order GEMM check: A [M, K_in] permuted (and widened to K_out) by d_perm, then the Marlin GEMM with group size
  * G on K_out rows, against cuBLAS of A with the dense weight dW [K_in, N] in the checkpoint's own row order. */
-static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, void *d_perm, int K_in, int K_out,
-                            int G, int N, const int *ms, int nms, stats *st, const char *what) {
+static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, void *d_perm, int K_in, int K_out, int G,
+                            int N, const int *ms, int nms, stats *st, const char *what) {
     for (int mi = 0; mi < nms; mi++) {
         int M = ms[mi];
         uint16_t *ha = malloc((size_t)2 * M * K_in), *hc = malloc((size_t)2 * M * N);
@@ -361,7 +392,8 @@ static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, v
         cublas_gemm(blas, A, dW, R, M, N, K_in, dt, CUDA_R_32F);
         GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * N));
         W4_CHECK(w4a16_permute_cols(A, d_perm, Ap, M, K_in, K_out, dt, NULL));
-        W4_CHECK(w4a16_marlin_gemm(Ap, mw, mscales, NULL, NULL, C, M, N, K_out, G, dt, workspace, workspace_bytes, NULL));
+        W4_CHECK(
+            w4a16_marlin_gemm(Ap, mw, mscales, NULL, NULL, C, M, N, K_out, G, dt, workspace, workspace_bytes, NULL));
         GPU_CHECK(cudaMemcpy(hc, C, (size_t)2 * M * N, cudaMemcpyDeviceToHost));
         GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * N, cudaMemcpyDeviceToHost));
         double num = 0, den = 0;
@@ -376,10 +408,16 @@ static void act_order_check(w4a16_dtype dt, void *dW, void *mw, void *mscales, v
         st->cases++;
         if (err > st->worst) {
             st->worst = err;
-            snprintf(st->worst_case, sizeof st->worst_case, "%s M=%d, K %d as %d", dt ? "bf16" : "fp16", M, K_in, K_out);
+            snprintf(st->worst_case, sizeof st->worst_case, "%s M=%d, K %d as %d", dt ? "bf16" : "fp16", M, K_in,
+                     K_out);
         }
-        cudaFree(A); cudaFree(Ap); cudaFree(C); cudaFree(R);
-        free(ha); free(hc); free(hr);
+        cudaFree(A);
+        cudaFree(Ap);
+        cudaFree(C);
+        cudaFree(R);
+        free(ha);
+        free(hc);
+        free(hr);
     }
 }
 
@@ -413,8 +451,19 @@ static void test_act_order_gptq(void **state) {
         W4_CHECK(w4a16_marlin_repack_gptq(dq, dperm, mw, K, N, NULL));
         W4_CHECK(w4a16_marlin_permute_scales(ds, ms_, K, N, G, dt, NULL));
         act_order_check(dt, dW, mw, ms_, dperm, K, K, G, N, ms, 4, &st, "act-order");
-        cudaFree(dq); cudaFree(dperm); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(ms_);
-        free(pos); free(g_idx); free(perm); free(q); free(s); free(wd); free(qp);
+        cudaFree(dq);
+        cudaFree(dperm);
+        cudaFree(ds);
+        cudaFree(dW);
+        cudaFree(mw);
+        cudaFree(ms_);
+        free(pos);
+        free(g_idx);
+        free(perm);
+        free(q);
+        free(s);
+        free(wd);
+        free(qp);
     }
     stats_print("act-order gptq (is_k_full)", &st);
 }
@@ -455,8 +504,22 @@ static void test_act_order_shard(void **state) {
         W4_CHECK(w4a16_gather_rows(ds, groups, dbg, s32, kp / 32, N, dt, NULL));
         W4_CHECK(w4a16_marlin_permute_scales(s32, ms32, kp, N, 32, dt, NULL));
         act_order_check(dt, dW, mw, ms32, drs, KS, kp, 32, N, ms, 3, &st, "act-order shard");
-        cudaFree(dq); cudaFree(drs); cudaFree(dbg); cudaFree(ds); cudaFree(dW); cudaFree(mw); cudaFree(s32); cudaFree(ms32);
-        free(pos); free(g_idx); free(row_src); free(block_group); free(q); free(s); free(wd); free(qp);
+        cudaFree(dq);
+        cudaFree(drs);
+        cudaFree(dbg);
+        cudaFree(ds);
+        cudaFree(dW);
+        cudaFree(mw);
+        cudaFree(s32);
+        cudaFree(ms32);
+        free(pos);
+        free(g_idx);
+        free(row_src);
+        free(block_group);
+        free(q);
+        free(s);
+        free(wd);
+        free(qp);
     }
     stats_print("act-order gptq shard (is_k_full=false)", &st);
 }
@@ -519,8 +582,9 @@ static void test_plan_occupancy(void **state) {
                         if (pi.occupancy < pi.blocks_per_sm ||
                             (pi.smem_blocks_per_sm > 0 && pi.occupancy > pi.smem_blocks_per_sm))
                             fail_msg("profile %s, %s M=%d: the GPU gives %d blocks per SM; the plan counts on %d and "
-                                     "the profile's SM holds %d (%s)", names[p], w4a16_layers[l].name, ms[m],
-                                     pi.occupancy, pi.blocks_per_sm, pi.smem_blocks_per_sm, pi.text);
+                                     "the profile's SM holds %d (%s)",
+                                     names[p], w4a16_layers[l].name, ms[m], pi.occupancy, pi.blocks_per_sm,
+                                     pi.smem_blocks_per_sm, pi.text);
                         emulated += pi.carveout >= 0;
                         below += pi.smem_blocks_per_sm > 0 && pi.occupancy == pi.smem_blocks_per_sm;
                         plans++;
@@ -579,14 +643,21 @@ static void test_large_mk(void **state) {
             if (isnan(c)) fail_msg("%s: output %zu not written", path_name[path], i);
             num += d;
             den += (double)href[i] * href[i];
-            if (i / N >= 65536) { tail_num += d; tail_den += (double)href[i] * href[i]; } /* rows past 2^31 elements */
+            if (i / N >= 65536) {
+                tail_num += d;
+                tail_den += (double)href[i] * href[i];
+            } /* rows past 2^31 elements */
         }
         printf("  %s M=%d K=%d (M*K = %.2e): relative error %.2e, rows past 2^31 elements %.2e\n", path_name[path], M,
                K, (double)M * K, sqrt(num / den), sqrt(tail_num / tail_den));
         assert_true(sqrt(num / den) < 1e-2 && sqrt(tail_num / tail_den) < 1e-2);
     }
-    cudaFree(A); cudaFree(ref); cudaFree(C);
-    free(hA); free(href); free(hC);
+    cudaFree(A);
+    cudaFree(ref);
+    cudaFree(C);
+    free(hA);
+    free(href);
+    free(hC);
     gpu_layer_free(&L);
 }
 
@@ -614,7 +685,8 @@ static void test_selfref_small_against_cpu(void **state) {
     const int M = 5, K = 256, N = 128, G = 64;
     for (int d = 0; d < 2; d++) {
         w4a16_dtype dt = dtypes[d];
-        float *Wf = malloc(sizeof(float) * K * N), *Af = malloc(sizeof(float) * M * K), *Cf = malloc(sizeof(float) * M * N);
+        float *Wf = malloc(sizeof(float) * K * N), *Af = malloc(sizeof(float) * M * K),
+              *Cf = malloc(sizeof(float) * M * N);
         double *ref = malloc(sizeof(double) * M * N);
         for (int i = 0; i < K * N; i++) Wf[i] = w4a16_ref_rand_uniform(&seed, -1.f, 1.f);
         int32_t *qw = calloc(K * N / 8, 4), *qz = calloc(K / G * N / 8, 4);
@@ -633,8 +705,20 @@ static void test_selfref_small_against_cpu(void **state) {
         double err = w4a16_ref_rel_error(Cf, ref, M * N);
         printf("  awq %s vs CPU fp64 reference: relative error %.2e\n", dt ? "bf16" : "fp16", err);
         assert_true(err < tolerance(dt));
-        cudaFree(dA); cudaFree(dW); cudaFree(dZ); cudaFree(dS); cudaFree(dC);
-        free(Wf); free(Af); free(Cf); free(ref); free(qw); free(qz); free(s); free(hA); free(hC);
+        cudaFree(dA);
+        cudaFree(dW);
+        cudaFree(dZ);
+        cudaFree(dS);
+        cudaFree(dC);
+        free(Wf);
+        free(Af);
+        free(Cf);
+        free(ref);
+        free(qw);
+        free(qz);
+        free(s);
+        free(hA);
+        free(hC);
     }
 }
 
@@ -661,7 +745,8 @@ static void test_selfref_converters_bit_exact(void **state) {
             GPU_CHECK(cudaMemcpy(got, out, (size_t)K * N * 2, cudaMemcpyDeviceToHost));
             w4a16_ref_awq_dequantize((int32_t *)qw, (int32_t *)qz, s, K, N, G, dt, Wf);
             for (size_t j = 0; j < (size_t)K * N; j++)
-                if (got[j] != w4a16_ref_from_float(Wf[j], dt)) fail_msg("dequantize K=%d N=%d G=%d element %zu", K, N, G, j);
+                if (got[j] != w4a16_ref_from_float(Wf[j], dt))
+                    fail_msg("dequantize K=%d N=%d G=%d element %zu", K, N, G, j);
             /* weight repacks */
             int32_t *cpu = malloc((size_t)K * N / 2), *perm = malloc(sizeof(int32_t) * K);
             W4_CHECK(w4a16_marlin_repack_awq(dw, out, K, N, NULL));
@@ -683,8 +768,18 @@ static void test_selfref_converters_bit_exact(void **state) {
             GPU_CHECK(cudaMemcpy(got, out, (size_t)rows * N / 2, cudaMemcpyDeviceToHost));
             w4a16_ref_marlin_awq_zero_points((int32_t *)qz, K, N, G, cpu);
             assert_memory_equal(got, cpu, (size_t)rows * N / 2);
-            cudaFree(dw); cudaFree(dz); cudaFree(ds); cudaFree(out); cudaFree(dperm);
-            free(qw); free(qz); free(s); free(Wf); free(got); free(cpu); free(perm);
+            cudaFree(dw);
+            cudaFree(dz);
+            cudaFree(ds);
+            cudaFree(out);
+            cudaFree(dperm);
+            free(qw);
+            free(qz);
+            free(s);
+            free(Wf);
+            free(got);
+            free(cpu);
+            free(perm);
         }
     }
 }
@@ -713,7 +808,12 @@ static void test_selfref_paths_agree(void **state) {
     }
     printf("  awq vs marlin on the same tensors: relative difference %.2e\n", sqrt(num / den));
     assert_true(sqrt(num / den) < 5e-3);
-    cudaFree(A); cudaFree(C1); cudaFree(C2); free(hA); free(c1); free(c2);
+    cudaFree(A);
+    cudaFree(C1);
+    cudaFree(C2);
+    free(hA);
+    free(c1);
+    free(c2);
     gpu_layer_free(&L);
 }
 
@@ -729,10 +829,12 @@ static void test_reduce_in_dtype(void **state) {
         gpu_layer_make(&L, 8192, 1024, 128, dt, 0, 1, &seed); /* 8 to 16 tiles: K is split */
         for (int mi = 0; mi < 5; mi++) {
             int M = ms[mi];
-            uint16_t *ha = malloc((size_t)2 * M * 8192), *h1 = malloc((size_t)2 * M * 1024), *h2 = malloc((size_t)2 * M * 1024);
+            uint16_t *ha = malloc((size_t)2 * M * 8192), *h1 = malloc((size_t)2 * M * 1024),
+                     *h2 = malloc((size_t)2 * M * 1024);
             float *hr = malloc((size_t)4 * M * 1024);
             fill_random_half(ha, (size_t)M * 8192, -1.f, 1.f, dt, &seed);
-            void *A = gpu_upload(ha, (size_t)2 * M * 8192), *C = gpu_alloc((size_t)2 * M * 1024), *R = gpu_alloc((size_t)4 * M * 1024);
+            void *A = gpu_upload(ha, (size_t)2 * M * 8192), *C = gpu_alloc((size_t)2 * M * 1024),
+                 *R = gpu_alloc((size_t)4 * M * 1024);
             cublas_gemm(blas, A, L.dense, R, M, 1024, 8192, dt, CUDA_R_32F);
             GPU_CHECK(cudaMemcpy(hr, R, (size_t)4 * M * 1024, cudaMemcpyDeviceToHost));
             for (int path = 0; path < 2; path++)
@@ -742,8 +844,9 @@ static void test_reduce_in_dtype(void **state) {
                         W4_CHECK(w4a16_awq_gemm_ex(A, L.qweight, L.scales, L.qzeros, NULL, C, M, 1024, 8192, 128, dt,
                                                    workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE, NULL));
                     else
-                        W4_CHECK(w4a16_marlin_gemm_ex(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, 1024, 8192, 128, dt,
-                                                      workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE, NULL));
+                        W4_CHECK(w4a16_marlin_gemm_ex(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, 1024, 8192, 128,
+                                                      dt, workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE,
+                                                      NULL));
                     GPU_CHECK(cudaMemcpy(rep ? h2 : h1, C, (size_t)2 * M * 1024, cudaMemcpyDeviceToHost));
                 }
             assert_memory_equal(h1, h2, (size_t)2 * M * 1024); /* deterministic */
@@ -754,13 +857,19 @@ static void test_reduce_in_dtype(void **state) {
                 num += (c - hr[i]) * (c - hr[i]);
                 den += (double)hr[i] * hr[i];
             }
-            if (!(sqrt(num / den) < tolerance(dt))) fail_msg("reduce-in-dtype M=%d: relative error %.3e", M, sqrt(num / den));
+            if (!(sqrt(num / den) < tolerance(dt)))
+                fail_msg("reduce-in-dtype M=%d: relative error %.3e", M, sqrt(num / den));
             int *cnt = malloc((size_t)4 * sm_count * sizeof(int));
             GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
             for (int i = 0; i < 4 * sm_count; i++) assert_int_equal(cnt[i], 0);
             free(cnt);
-            cudaFree(A); cudaFree(C); cudaFree(R);
-            free(ha); free(h1); free(h2); free(hr);
+            cudaFree(A);
+            cudaFree(C);
+            cudaFree(R);
+            free(ha);
+            free(h1);
+            free(h2);
+            free(hr);
         }
         gpu_layer_free(&L);
     }
@@ -841,13 +950,16 @@ static void test_selfref_pdl_chain(void **state) {
                 GPU_CHECK(cudaGraphExecDestroy(exec));
                 GPU_CHECK(cudaGraphDestroy(graph));
                 cudaFree(C);
-                free(h0); free(ref); free(got);
+                free(h0);
+                free(ref);
+                free(got);
             }
             for (int l = 0; l < 2; l++) gpu_layer_free(&L[l]);
         }
     cudaStreamDestroy(st);
-    printf("  PDL chains: %d shapes x %d GEMMs, twice on a stream and once in a graph: bit-identical to plain launches\n",
-           cases, R);
+    printf(
+        "  PDL chains: %d shapes x %d GEMMs, twice on a stream and once in a graph: bit-identical to plain launches\n",
+        cases, R);
 }
 
 /* A launch the CUDA runtime rejects is reported by the call that made it, never left for the caller's next CUDA
@@ -868,8 +980,8 @@ static void test_selfref_launch_failure(void **state) {
     cudaStream_t s;
     GPU_CHECK(cudaStreamCreate(&s)); /* blocking: synchronises with the legacy stream */
     GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    w4a16_status st = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 4, 256, 512, 128, W4A16_FP16, NULL, 0,
-                                     NULL);
+    w4a16_status st =
+        w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 4, 256, 512, 128, W4A16_FP16, NULL, 0, NULL);
     printf("  launch during a global capture: %s: %s\n", w4a16_status_string(st), w4a16_last_error_message());
     cudaGraph_t g = NULL;
     cudaStreamEndCapture(s, &g); /* the capture was invalidated by the implicit synchronisation */
@@ -881,7 +993,8 @@ static void test_selfref_launch_failure(void **state) {
     W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 4, 256, 512, 128, W4A16_FP16, workspace,
                             workspace_bytes, NULL));
     GPU_CHECK(cudaDeviceSynchronize());
-    cudaFree(A); cudaFree(C);
+    cudaFree(A);
+    cudaFree(C);
     gpu_layer_free(&L);
 }
 
@@ -938,8 +1051,8 @@ static void test_selfref_workspace_too_small(void **state) {
     fill_random_half(hA, 512, -1.f, 1.f, W4A16_FP16, &seed);
     void *A = gpu_upload(hA, sizeof hA), *C = gpu_alloc(2 * 256);
     GPU_CHECK(cudaMemset(C, 0x5A, 2 * 256));
-    w4a16_status s = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16,
-                                    workspace, workspace_bytes - 16, NULL);
+    w4a16_status s = w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16, workspace,
+                                    workspace_bytes - 16, NULL);
     assert_int_equal(s, W4A16_ERR_WORKSPACE_TOO_SMALL);
     assert_non_null(strstr(w4a16_last_error_message(), "workspace_bytes="));
     GPU_CHECK(cudaDeviceSynchronize());
@@ -950,7 +1063,8 @@ static void test_selfref_workspace_too_small(void **state) {
     W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, 1, 256, 512, 128, W4A16_FP16, workspace,
                             workspace_bytes, NULL));
     GPU_CHECK(cudaDeviceSynchronize());
-    cudaFree(A); cudaFree(C);
+    cudaFree(A);
+    cudaFree(C);
     gpu_layer_free(&L);
 }
 
@@ -963,7 +1077,8 @@ static void test_selfref_streams_and_graphs(void **state) {
     gpu_layer_make(&L, K, N, 128, W4A16_BF16, 0, 1, &seed);
     uint16_t *hA = malloc(2 * M * K), *r1 = malloc(2 * M * N), *r2 = malloc(2 * M * N);
     fill_random_half(hA, M * K, -1.f, 1.f, W4A16_BF16, &seed);
-    void *A = gpu_upload(hA, 2 * M * K), *C1 = gpu_alloc(2 * M * N), *C2 = gpu_alloc(2 * M * N), *Cs = gpu_alloc(2 * M * N);
+    void *A = gpu_upload(hA, 2 * M * K), *C1 = gpu_alloc(2 * M * N), *C2 = gpu_alloc(2 * M * N),
+         *Cs = gpu_alloc(2 * M * N);
     void *ws2 = gpu_alloc(workspace_bytes);
     GPU_CHECK(cudaMemset(ws2, 0, workspace_bytes));
     W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, Cs, M, N, K, 128, W4A16_BF16, workspace,
@@ -998,9 +1113,16 @@ static void test_selfref_streams_and_graphs(void **state) {
     printf("  two streams x 20 calls and 3 graph replays: bit-identical to the serial result\n");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    cudaStreamDestroy(s1); cudaStreamDestroy(s2);
-    cudaFree(A); cudaFree(C1); cudaFree(C2); cudaFree(Cs); cudaFree(ws2);
-    free(hA); free(r1); free(r2);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+    cudaFree(A);
+    cudaFree(C1);
+    cudaFree(C2);
+    cudaFree(Cs);
+    cudaFree(ws2);
+    free(hA);
+    free(r1);
+    free(r2);
     gpu_layer_free(&L);
 }
 

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
 
 #include "gpu_util.h"
@@ -25,12 +27,12 @@ static char skip_reason[512];
 static int have_gpu;
 static int quick; /* W4A16_TEST_QUICK=1 (make sanitize): small token counts only */
 
-#define REQUIRE_GPU()                               \
-    do {                                            \
-        if (!have_gpu) {                            \
-            printf("  SKIPPED: %s\n", skip_reason); \
-            skip();                                 \
-        }                                           \
+#define REQUIRE_GPU()                                                                                                  \
+    do {                                                                                                               \
+        if (!have_gpu) {                                                                                               \
+            printf("  SKIPPED: %s\n", skip_reason);                                                                    \
+            skip();                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 /* ---------------------------------------------------------------- argument checks (no GPU needed)
@@ -47,20 +49,20 @@ static void assert_bufs_untouched(void) {
         for (int i = 0; i < BUF; i++) assert_int_equal(bufs[b][i], 0xA5);
 }
 
-#define EXPECT(call, status, fragment)                                                                           \
-    do {                                                                                                         \
-        poison_bufs();                                                                                           \
-        w4a16_status s_ = (call);                                                                                \
-        if (s_ != (status) || !strstr(w4a16_last_error_message(), (fragment)))                                   \
-            fail_msg("%s\n  returned %d (%s) '%s', expected %d with '%s'", #call, s_, w4a16_status_string(s_),   \
-                     w4a16_last_error_message(), (int)(status), (fragment));                                     \
-        assert_bufs_untouched();                                                                                 \
+#define EXPECT(call, status, fragment)                                                                                 \
+    do {                                                                                                               \
+        poison_bufs();                                                                                                 \
+        w4a16_status s_ = (call);                                                                                      \
+        if (s_ != (status) || !strstr(w4a16_last_error_message(), (fragment)))                                         \
+            fail_msg("%s\n  returned %d (%s) '%s', expected %d with '%s'", #call, s_, w4a16_status_string(s_),         \
+                     w4a16_last_error_message(), (int)(status), (fragment));                                           \
+        assert_bufs_untouched();                                                                                       \
     } while (0)
 
 #define I32(b) ((int32_t *)(b))
 /* a valid call's arguments, with one changed at a time */
-#define MGEMM(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_)            \
-    w4a16_moe_marlin_gemm(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_,    \
+#define MGEMM(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_)                 \
+    w4a16_moe_marlin_gemm(A_, W_, S_, Z_, B_, TW_, C_, SI_, EI_, NP_, SC_, BC_, BS_, M_, TK_, E_, N_, K_, G_, DT_,     \
                           NULL, 0, NULL)
 #define OK_M(...) MGEMM(__VA_ARGS__)
 
@@ -105,8 +107,8 @@ static void test_cpu_align_checks(void **state) {
            W4A16_ERR_NULL_POINTER, "expert_ids");
     EXPECT(w4a16_moe_align_block_size(I32(bA), 4, 2, 8, 16, I32(bR), sc, I32(bE), bc, NULL, NULL),
            W4A16_ERR_NULL_POINTER, "num_tokens_post_padded");
-    EXPECT(w4a16_moe_align_block_size((const int32_t *)(bA + 2), 4, 2, 8, 16, I32(bR), sc, I32(bE), bc, I32(bP),
-                                      NULL), W4A16_ERR_MISALIGNED, "topk_ids");
+    EXPECT(w4a16_moe_align_block_size((const int32_t *)(bA + 2), 4, 2, 8, 16, I32(bR), sc, I32(bE), bc, I32(bP), NULL),
+           W4A16_ERR_MISALIGNED, "topk_ids");
     EXPECT(w4a16_moe_align_block_size(I32(bA), 4, 2, 8, 16, I32(bR + 1), sc, I32(bE), bc, I32(bP), NULL),
            W4A16_ERR_MISALIGNED, "sorted_ids");
     EXPECT(w4a16_moe_align_block_size(I32(bA), 0, 2, 8, 16, I32(bR), sc, I32(bE), bc, I32(bP), NULL),
@@ -144,14 +146,15 @@ static void test_cpu_gemm_checks(void **state) {
            W4A16_ERR_NULL_POINTER, "expert_ids is NULL");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NULL, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
            W4A16_ERR_NULL_POINTER, "num_tokens_post_padded is NULL");
-    EXPECT(MGEMM((const char *)A + 8, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64,
-                 W4A16_FP16), W4A16_ERR_MISALIGNED, "A=");
+    EXPECT(MGEMM((const char *)A + 8, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
+           W4A16_ERR_MISALIGNED, "A=");
     EXPECT(MGEMM(A, W, S, Z + 1, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
            W4A16_ERR_MISALIGNED, "zeros=");
     EXPECT(MGEMM(A, W, S, Z, (const char *)B + 2, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
            W4A16_ERR_MISALIGNED, "bias=");
     EXPECT(MGEMM(A, W, S, Z, NULL, (const float *)((const char *)TW + 2), C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128,
-                 64, W4A16_FP16), W4A16_ERR_MISALIGNED, "topk_weights=");
+                 64, W4A16_FP16),
+           W4A16_ERR_MISALIGNED, "topk_weights=");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, (char *)C + 4, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
            W4A16_ERR_MISALIGNED, "C=");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 0, 2, 8, 64, 128, 64, W4A16_FP16),
@@ -182,19 +185,25 @@ static void test_cpu_gemm_checks(void **state) {
            W4A16_ERR_SIZE_OVERFLOW, "W[E,K,N]");
     /* the AWQ-layout GEMM needs its zero points */
     EXPECT(w4a16_moe_awq_gemm(A, W, S, NULL, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
-                              NULL, 0, NULL), W4A16_ERR_NULL_POINTER, "qzeros is NULL");
-    EXPECT(w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, 3, NULL, 0,
-                              NULL), W4A16_ERR_UNSUPPORTED_DTYPE, "dtype=3");
+                              NULL, 0, NULL),
+           W4A16_ERR_NULL_POINTER, "qzeros is NULL");
+    EXPECT(
+        w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, 3, NULL, 0, NULL),
+        W4A16_ERR_UNSUPPORTED_DTYPE, "dtype=3");
     /* the split-K workspace: NULL only with 0 bytes, 16-byte aligned (the size is checked against the device's) */
     EXPECT(w4a16_moe_marlin_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
-                                 NULL, 4096, NULL), W4A16_ERR_NULL_POINTER, "workspace is NULL");
+                                 NULL, 4096, NULL),
+           W4A16_ERR_NULL_POINTER, "workspace is NULL");
     EXPECT(w4a16_moe_awq_gemm(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16,
-                              bR + 8, 4096, NULL), W4A16_ERR_MISALIGNED, "workspace=");
+                              bR + 8, 4096, NULL),
+           W4A16_ERR_MISALIGNED, "workspace=");
     size_t wsz = 1;
     EXPECT(w4a16_moe_workspace_size(NULL), W4A16_ERR_NULL_POINTER, "bytes is NULL");
     w4a16_status ws_s = w4a16_moe_workspace_size(&wsz); /* OK on a GPU machine, a device status without one */
-    if (ws_s == W4A16_OK) assert_true(wsz > 0);
-    else assert_int_equal(wsz, 1);
+    if (ws_s == W4A16_OK)
+        assert_true(wsz > 0);
+    else
+        assert_int_equal(wsz, 1);
 }
 
 static void test_cpu_converter_checks(void **state) {
@@ -210,11 +219,11 @@ static void test_cpu_converter_checks(void **state) {
     EXPECT(w4a16_moe_marlin_repack_awq(in, out, 1 << 20, 1 << 14, 1 << 14, NULL), W4A16_ERR_SIZE_OVERFLOW, "W[E,K,N]");
     EXPECT(w4a16_moe_marlin_repack_gptq(in, (const int32_t *)(bS + 2), out, 2, 128, 64, NULL), W4A16_ERR_MISALIGNED,
            "perm=");
-    EXPECT(w4a16_moe_marlin_repack_gptq((const int32_t *)(bW + 4), NULL, out, 2, 128, 64, NULL),
-           W4A16_ERR_MISALIGNED, "input=");
+    EXPECT(w4a16_moe_marlin_repack_gptq((const int32_t *)(bW + 4), NULL, out, 2, 128, 64, NULL), W4A16_ERR_MISALIGNED,
+           "input=");
     EXPECT(w4a16_moe_marlin_permute_scales(bS, bC, 2, 128, 64, 64, 2, NULL), W4A16_ERR_UNSUPPORTED_DTYPE, "dtype=2");
-    EXPECT(w4a16_moe_marlin_permute_scales(bS, bC, 2, 128, 64, 96, W4A16_FP16, NULL),
-           W4A16_ERR_UNSUPPORTED_GROUP_SIZE, "group_size=96");
+    EXPECT(w4a16_moe_marlin_permute_scales(bS, bC, 2, 128, 64, 96, W4A16_FP16, NULL), W4A16_ERR_UNSUPPORTED_GROUP_SIZE,
+           "group_size=96");
     EXPECT(w4a16_moe_marlin_permute_scales(bS, bC, -1, 128, 64, 64, W4A16_FP16, NULL), W4A16_ERR_INVALID_SHAPE,
            "num_experts=-1");
     EXPECT(w4a16_moe_marlin_awq_zero_points(in, out, 2, 192, 64, 128, NULL), W4A16_ERR_INVALID_SHAPE,
@@ -267,7 +276,12 @@ typedef struct experts {
  * converters. */
 static void experts_make(experts *X, int E, int K, int N, int G, w4a16_dtype dt, int kind) {
     memset(X, 0, sizeof *X);
-    X->E = E; X->K = K; X->N = N; X->G = G; X->dt = dt; X->kind = kind;
+    X->E = E;
+    X->K = K;
+    X->N = N;
+    X->G = G;
+    X->dt = dt;
+    X->kind = kind;
     X->groups = G == -1 ? 1 : K / G;
     const size_t nw = (size_t)E * K * N / 8, nz = (size_t)E * X->groups * N / 8, ns = (size_t)E * X->groups * N;
     uint32_t *hw = malloc(nw * 4), *hz = malloc(nz * 4);
@@ -290,7 +304,9 @@ static void experts_make(experts *X, int E, int K, int N, int G, w4a16_dtype dt,
     int32_t *dw = gpu_upload(hw, nw * 4), *dz = gpu_upload(hz, nz * 4);
     uint16_t *ds = gpu_upload(hs, ns * 2);
     if (kind == KIND_AWQ) {
-        X->qweight = dw; X->qzeros = dz; X->scales = ds;
+        X->qweight = dw;
+        X->qzeros = dz;
+        X->scales = ds;
     } else {
         X->qweight = gpu_alloc(nw * 4);
         X->scales = gpu_alloc(ns * 2);
@@ -303,13 +319,20 @@ static void experts_make(experts *X, int E, int K, int N, int G, w4a16_dtype dt,
         }
         W4_CHECK(w4a16_moe_marlin_permute_scales(ds, X->scales, E, K, N, G, dt, NULL));
         GPU_CHECK(cudaDeviceSynchronize());
-        cudaFree(dw); cudaFree(dz); cudaFree(ds);
+        cudaFree(dw);
+        cudaFree(dz);
+        cudaFree(ds);
     }
-    free(hw); free(hz); free(hs); free(q);
+    free(hw);
+    free(hz);
+    free(hs);
+    free(q);
 }
 
 static void experts_free(experts *X) {
-    cudaFree(X->qweight); cudaFree(X->qzeros); cudaFree(X->scales);
+    cudaFree(X->qweight);
+    cudaFree(X->qzeros);
+    cudaFree(X->scales);
     free(X->dense);
     memset(X, 0, sizeof *X);
 }
@@ -325,9 +348,18 @@ static void make_ids(int32_t *ids, int T, int top_k, int E, int mode) {
     for (int t = 0; t < T; t++)
         for (int k = 0; k < top_k; k++) {
             int32_t *v = &ids[(size_t)t * top_k + k];
-            if (mode == IDS_ONE) { *v = one; continue; }
-            if (mode == IDS_FEW) { *v = (one + 5 * (int)(w4a16_ref_rand_u64(&seed) % 3)) % E; continue; }
-            if (mode == IDS_DUP || top_k > E) { *v = (int)(w4a16_ref_rand_u64(&seed) % E); continue; }
+            if (mode == IDS_ONE) {
+                *v = one;
+                continue;
+            }
+            if (mode == IDS_FEW) {
+                *v = (one + 5 * (int)(w4a16_ref_rand_u64(&seed) % 3)) % E;
+                continue;
+            }
+            if (mode == IDS_DUP || top_k > E) {
+                *v = (int)(w4a16_ref_rand_u64(&seed) % E);
+                continue;
+            }
             int again;
             do { /* distinct within the token */
                 *v = (int)(w4a16_ref_rand_u64(&seed) % E);
@@ -394,11 +426,14 @@ static void route(routing *R, const int32_t *ids, const int32_t *d_ids, int T, i
     char msg[256];
     if (w4a16_ref_moe_check_routing(ids, T * top_k, E, bs, hs, R->cap, he, R->bcap, np, msg, sizeof msg))
         fail_msg("routing %s: %s", label, msg);
-    free(hs); free(he);
+    free(hs);
+    free(he);
 }
 
 static void routing_free(routing *R) {
-    cudaFree(R->sorted); cudaFree(R->eids); cudaFree(R->npp);
+    cudaFree(R->sorted);
+    cudaFree(R->eids);
+    cudaFree(R->npp);
 }
 
 typedef struct stats {
@@ -468,8 +503,17 @@ static void check_gemm(const experts *X, const routing *R, const int32_t *ids, i
         st->worst = err;
         snprintf(st->worst_case, sizeof st->worst_case, "%s", full);
     }
-    cudaFree(A); cudaFree(bias); cudaFree(dtw); cudaFree(C);
-    free(hA); free(hC); free(hb); free(fA); free(fb); free(tw); free(ref);
+    cudaFree(A);
+    cudaFree(bias);
+    cudaFree(dtw);
+    cudaFree(C);
+    free(hA);
+    free(hC);
+    free(hb);
+    free(fA);
+    free(fb);
+    free(tw);
+    free(ref);
 }
 
 static const int group_list[] = {32, 64, 128, -1};
@@ -509,7 +553,7 @@ typedef struct moe_case {
 
 /* Every T of {1, 2, 7, 16, 33, 64, 256, 1024, 4096}, E of {8, 64, 128, 512} and top_k of {1, 2, 8, 10} appears. */
 static const moe_case cases[] = {
-    {1, 8, 2, 256, 192, IDS_DISTINCT},    {2, 64, 8, 256, 128, IDS_DISTINCT}, {7, 128, 10, 128, 128, IDS_DUP},
+    {1, 8, 2, 256, 192, IDS_DISTINCT},     {2, 64, 8, 256, 128, IDS_DISTINCT}, {7, 128, 10, 128, 128, IDS_DUP},
     {16, 512, 10, 128, 128, IDS_DISTINCT}, {33, 8, 1, 192, 192, IDS_DISTINCT}, {64, 64, 2, 128, 256, IDS_ONE},
     {256, 128, 8, 128, 128, IDS_FEW},      {1024, 8, 2, 128, 128, IDS_DROP},   {4096, 64, 1, 128, 64, IDS_DISTINCT},
     {4096, 8, 10, 64, 64, IDS_DUP},
@@ -565,8 +609,10 @@ static void test_moe_groups_blocks(void **state) {
  * the workspace) and left the counters zeroed (checked in check_gemm). Then the same layer without a workspace (never
  * split) and under the forced sm120 profile; and a workspace one byte short: refused, nothing written. */
 static const moe_case split_cases[] = {
-    {1, 8, 2, 2048, 192, IDS_DISTINCT}, {2, 16, 4, 1344, 128, IDS_DROP}, /* K = 10 x 128 + 64: a K tail */
-    {4, 64, 8, 2048, 128, IDS_DISTINCT}, {16, 64, 4, 1280, 128, IDS_DUP},
+    {1, 8, 2, 2048, 192, IDS_DISTINCT},
+    {2, 16, 4, 1344, 128, IDS_DROP}, /* K = 10 x 128 + 64: a K tail */
+    {4, 64, 8, 2048, 128, IDS_DISTINCT},
+    {16, 64, 4, 1280, 128, IDS_DUP},
 };
 
 static void test_moe_split_k(void **state) {
@@ -621,7 +667,8 @@ static void test_moe_split_k(void **state) {
                 for (size_t i = 0; i < nC; i++)
                     if (h[i] != 0xFF) fail_msg("%s: a refused call wrote C", label);
                 free(h);
-                cudaFree(A); cudaFree(C);
+                cudaFree(A);
+                cudaFree(C);
             }
             experts_free(&X);
             routing_free(&R);
@@ -665,50 +712,64 @@ static void test_moe_converters_bit_exact(void **state) {
         for (int k = 0; k < K; k++) p[k] = k;
         for (int k = K - 1; k > 0; k--) {
             const int j = (int)(w4a16_ref_rand_u64(&seed) % (uint64_t)(k + 1));
-            const int32_t t = p[k]; p[k] = p[j]; p[j] = t;
+            const int32_t t = p[k];
+            p[k] = p[j];
+            p[j] = t;
         }
     }
     int32_t *in = gpu_upload(hw, E * ew * 4), *perm = gpu_upload(hperm, (size_t)E * K * 4);
     uint16_t *sin = gpu_upload(hs, (size_t)E * (K / 32) * N * 2);
     int32_t *a = gpu_alloc(E * ew * 4), *b = gpu_alloc(E * ew * 4);
     uint32_t *ha = malloc(E * ew * 4), *hb = malloc(E * ew * 4);
-#define COMPARE(bytes, what)                                                                       \
-    do {                                                                                           \
-        GPU_CHECK(cudaDeviceSynchronize());                                                        \
-        GPU_CHECK(cudaMemcpy(ha, a, (bytes), cudaMemcpyDeviceToHost));                             \
-        GPU_CHECK(cudaMemcpy(hb, b, (bytes), cudaMemcpyDeviceToHost));                             \
-        if (memcmp(ha, hb, (bytes))) fail_msg("%s: stacked and per-expert results differ", what);  \
+#define COMPARE(bytes, what)                                                                                           \
+    do {                                                                                                               \
+        GPU_CHECK(cudaDeviceSynchronize());                                                                            \
+        GPU_CHECK(cudaMemcpy(ha, a, (bytes), cudaMemcpyDeviceToHost));                                                 \
+        GPU_CHECK(cudaMemcpy(hb, b, (bytes), cudaMemcpyDeviceToHost));                                                 \
+        if (memcmp(ha, hb, (bytes))) fail_msg("%s: stacked and per-expert results differ", what);                      \
     } while (0)
-    GPU_CHECK(cudaMemset(a, 0x11, E * ew * 4)); GPU_CHECK(cudaMemset(b, 0x22, E * ew * 4));
+    GPU_CHECK(cudaMemset(a, 0x11, E * ew * 4));
+    GPU_CHECK(cudaMemset(b, 0x22, E * ew * 4));
     W4_CHECK(w4a16_moe_marlin_repack_awq(in, a, E, K, N, NULL));
     for (int e = 0; e < E; e++) W4_CHECK(w4a16_marlin_repack_awq(in + e * ew, b + e * ew, K, N, NULL));
     COMPARE(E * ew * 4, "repack awq");
     for (int with_perm = 0; with_perm < 2; with_perm++) {
-        GPU_CHECK(cudaMemset(a, 0x11, E * ew * 4)); GPU_CHECK(cudaMemset(b, 0x22, E * ew * 4));
+        GPU_CHECK(cudaMemset(a, 0x11, E * ew * 4));
+        GPU_CHECK(cudaMemset(b, 0x22, E * ew * 4));
         W4_CHECK(w4a16_moe_marlin_repack_gptq(in, with_perm ? perm : NULL, a, E, K, N, NULL));
         for (int e = 0; e < E; e++)
-            W4_CHECK(w4a16_marlin_repack_gptq(in + e * ew, with_perm ? perm + (size_t)e * K : NULL, b + e * ew, K, N,
-                                              NULL));
+            W4_CHECK(
+                w4a16_marlin_repack_gptq(in + e * ew, with_perm ? perm + (size_t)e * K : NULL, b + e * ew, K, N, NULL));
         COMPARE(E * ew * 4, with_perm ? "repack gptq (act-order perm)" : "repack gptq");
     }
     for (int gi = 0; gi < 4; gi++) {
         const int G = group_list[gi], groups = G == -1 ? 1 : K / G;
         const size_t sb = (size_t)groups * N * 2, zw = (size_t)groups * N / 8;
-        GPU_CHECK(cudaMemset(a, 0x11, E * sb)); GPU_CHECK(cudaMemset(b, 0x22, E * sb));
+        GPU_CHECK(cudaMemset(a, 0x11, E * sb));
+        GPU_CHECK(cudaMemset(b, 0x22, E * sb));
         W4_CHECK(w4a16_moe_marlin_permute_scales(sin, a, E, K, N, G, W4A16_FP16, NULL));
         for (int e = 0; e < E; e++)
-            W4_CHECK(w4a16_marlin_permute_scales((const char *)sin + e * sb, (char *)b + e * sb, K, N, G, W4A16_FP16,
-                                                 NULL));
+            W4_CHECK(
+                w4a16_marlin_permute_scales((const char *)sin + e * sb, (char *)b + e * sb, K, N, G, W4A16_FP16, NULL));
         COMPARE(E * sb, "permute scales");
-        GPU_CHECK(cudaMemset(a, 0x11, E * zw * 4)); GPU_CHECK(cudaMemset(b, 0x22, E * zw * 4));
+        GPU_CHECK(cudaMemset(a, 0x11, E * zw * 4));
+        GPU_CHECK(cudaMemset(b, 0x22, E * zw * 4));
         W4_CHECK(w4a16_moe_marlin_awq_zero_points(in, a, E, K, N, G, NULL));
         for (int e = 0; e < E; e++) W4_CHECK(w4a16_marlin_awq_zero_points(in + e * zw, b + e * zw, K, N, G, NULL));
         COMPARE(E * zw * 4, "zero points");
     }
 #undef COMPARE
     printf("  repack awq, repack gptq (with and without perm), scales and zero points for every G: bit-identical\n");
-    cudaFree(in); cudaFree(perm); cudaFree(sin); cudaFree(a); cudaFree(b);
-    free(hw); free(hs); free(hperm); free(ha); free(hb);
+    cudaFree(in);
+    cudaFree(perm);
+    cudaFree(sin);
+    cudaFree(a);
+    cudaFree(b);
+    free(hw);
+    free(hs);
+    free(hperm);
+    free(ha);
+    free(hb);
 }
 
 /* Routing + both GEMMs captured in a CUDA graph on a non-default stream: replays give the eager result bit for bit. */
@@ -731,11 +792,11 @@ static void test_moe_graph_capture(void **state) {
     void *C = gpu_alloc(nC * 2), *C2 = gpu_alloc(nC * 2);
     cudaStream_t s;
     GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-#define FORWARD(out)                                                                                              \
-    do {                                                                                                          \
-        W4_CHECK(w4a16_moe_align_block_size(d_ids, T, top_k, E, bs, sorted, cap, eids, bcap, npp, s));            \
-        W4_CHECK(w4a16_moe_marlin_gemm(A, X.qweight, X.scales, X.qzeros, NULL, NULL, out, sorted, eids, npp, cap, \
-                                       bcap, bs, T, top_k, E, N, K, 128, W4A16_FP16, g_ws, g_ws_bytes, s));       \
+#define FORWARD(out)                                                                                                   \
+    do {                                                                                                               \
+        W4_CHECK(w4a16_moe_align_block_size(d_ids, T, top_k, E, bs, sorted, cap, eids, bcap, npp, s));                 \
+        W4_CHECK(w4a16_moe_marlin_gemm(A, X.qweight, X.scales, X.qzeros, NULL, NULL, out, sorted, eids, npp, cap,      \
+                                       bcap, bs, T, top_k, E, N, K, 128, W4A16_FP16, g_ws, g_ws_bytes, s));            \
     } while (0)
     FORWARD(C);
     GPU_CHECK(cudaStreamSynchronize(s));
@@ -761,8 +822,17 @@ static void test_moe_graph_capture(void **state) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
-    cudaFree(d_ids); cudaFree(sorted); cudaFree(eids); cudaFree(npp); cudaFree(A); cudaFree(C); cudaFree(C2);
-    free(ids); free(hA); free(h1); free(h2);
+    cudaFree(d_ids);
+    cudaFree(sorted);
+    cudaFree(eids);
+    cudaFree(npp);
+    cudaFree(A);
+    cudaFree(C);
+    cudaFree(C2);
+    free(ids);
+    free(hA);
+    free(h1);
+    free(h2);
     experts_free(&X);
 }
 
@@ -792,16 +862,11 @@ int main(void) {
     quick = getenv("W4A16_TEST_QUICK") && atoi(getenv("W4A16_TEST_QUICK"));
     if (getenv("W4A16_TEST_FILTER")) cmocka_set_test_filter(getenv("W4A16_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cpu_align_sizes),
-        cmocka_unit_test(test_cpu_align_checks),
-        cmocka_unit_test(test_cpu_gemm_checks),
-        cmocka_unit_test(test_cpu_converter_checks),
-        cmocka_unit_test(test_cpu_routing_checker),
-        cmocka_unit_test(test_moe_converters_bit_exact),
-        cmocka_unit_test(test_moe_cases),
-        cmocka_unit_test(test_moe_groups_blocks),
-        cmocka_unit_test(test_moe_split_k),
-        cmocka_unit_test(test_moe_forced_sm120),
+        cmocka_unit_test(test_cpu_align_sizes),     cmocka_unit_test(test_cpu_align_checks),
+        cmocka_unit_test(test_cpu_gemm_checks),     cmocka_unit_test(test_cpu_converter_checks),
+        cmocka_unit_test(test_cpu_routing_checker), cmocka_unit_test(test_moe_converters_bit_exact),
+        cmocka_unit_test(test_moe_cases),           cmocka_unit_test(test_moe_groups_blocks),
+        cmocka_unit_test(test_moe_split_k),         cmocka_unit_test(test_moe_forced_sm120),
         cmocka_unit_test(test_moe_graph_capture),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -7,6 +7,8 @@
  *    emulated sm120 on an H100: the grid covers M and N, the splits cover K, never more blocks than the workspace
  *    has slots, the config's shared memory fits the device;
  *  - a few plans checked by hand. */
+#include "../csrc/internal.h"
+#include "plan_grid.h"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
-#include "../csrc/internal.h"
-#include "plan_grid.h"
 
 #ifndef PLAN_RECORDED
 #define PLAN_RECORDED "tests/plan_recorded.txt"
@@ -57,8 +59,7 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
                       int K, char *out, size_t size) {
     w4a16_plan pl;
     char what[160];
-    w4a16_status s =
-        w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
+    w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
     static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged"};
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
@@ -66,8 +67,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
         snprintf(what, sizeof what, "staged nc=%d slabs=%d grid=%d", pl.slab_channels,
                  (N + pl.slab_channels - 1) / pl.slab_channels, pl.grid[0]);
     else if (pl.kind == W4A16_KERNEL_WGMMA)
-        snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0],
-                 pl.grid[1], pl.grid[2]);
+        snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
+                 pl.grid[2]);
     else
         snprintf(what, sizeof what, "%s cfg=%d st=%d splits=%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.cfg,
                  pl.stages, pl.splits, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
@@ -125,14 +126,13 @@ static void test_recorded_decisions(void **state) {
                 bad++;
             }
             hashes++;
-        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N,
-                          &K) == 8) {
+        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N, &K) ==
+                   8) {
             int ws = 0;
             while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
             assert_true(ws < 4);
             w4a16_device_state st = device_state(find_device(dev));
-            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line,
-                      sizeof line);
+            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line, sizeof line);
             if (strcmp(line, buf + 5) != 0) {
                 print_message("  recorded: %s\n  planned:  %s\n", buf + 5, line);
                 bad++;
@@ -150,10 +150,13 @@ static void test_recorded_decisions(void **state) {
 /* An H100 with a forced profile of a smaller SM plans what that architecture would with 132 SMs. */
 static void test_forced_profile_emulates_its_sm(void **state) {
     (void)state;
-    const struct { const char *profile, *as; int smem_per_sm, carveout; } cases[] = {
+    const struct {
+        const char *profile, *as;
+        int smem_per_sm, carveout;
+    } cases[] = {
         {"sm120", "sm120-132", 102400, 43}, /* 43% of 228 KB = 98 KB: the hardware's next configuration is 100 KB */
         {"sm121", "sm120-132", 102400, 43},
-        {"sm80", "sm80-132", 167936, 71},   /* 71% = 162 KB: next 164 KB */
+        {"sm80", "sm80-132", 167936, 71}, /* 71% = 162 KB: next 164 KB */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         w4a16_device_state h100 = device_state(find_device("h100")), as = device_state(find_device(cases[i].as));
@@ -177,10 +180,14 @@ static void test_forced_profile_emulates_its_sm(void **state) {
 }
 
 /* The GPUs the library targets, as the plan sees them. */
-static const struct { const char *name, *profile; int sms, smem_block, wgmma; const char *forced; } targets[] = {
-    {"H100", "sm90", 132, 232448, 1, NULL},        {"RTX 5090", "sm120", 170, 101376, 0, NULL},
+static const struct {
+    const char *name, *profile;
+    int sms, smem_block, wgmma;
+    const char *forced;
+} targets[] = {
+    {"H100", "sm90", 132, 232448, 1, NULL},          {"RTX 5090", "sm120", 170, 101376, 0, NULL},
     {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL}, {"GB10", "sm121", 48, 101376, 0, NULL},
-    {"A100", "sm80", 108, 166912, 0, NULL},        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120"},
+    {"A100", "sm80", 108, 166912, 0, NULL},          {"H100 as sm120", "sm90", 132, 232448, 1, "sm120"},
 };
 
 static void test_plan_invariants(void **state) {
@@ -190,7 +197,8 @@ static void test_plan_invariants(void **state) {
         plan_device d = {targets[t].name, targets[t].profile, targets[t].sms, targets[t].smem_block, targets[t].wgmma};
         w4a16_device_state st = device_state(&d);
         if (targets[t].forced) w4a16_use_profile(&st, w4a16_find_profile(targets[t].forced), 1);
-        const size_t partial_bytes = w4a16_workspace_bytes_for(st.sm_count) - w4a16_workspace_counters_bytes(st.sm_count);
+        const size_t partial_bytes =
+            w4a16_workspace_bytes_for(st.sm_count) - w4a16_workspace_counters_bytes(st.sm_count);
         const size_t counters = w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int);
         for (int l = 0; l < W4A16_NUM_LAYERS; l++)
             for (int mi = 0; mi < PLAN_NUM_M; mi++)
@@ -199,9 +207,9 @@ static void test_plan_invariants(void **state) {
                         for (int ws = 0; ws < 4; ws++) {
                             const int M = plan_m[mi], N = w4a16_layers[l].N, K = w4a16_layers[l].K;
                             w4a16_plan pl;
-                            assert_int_equal(w4a16_plan_gemm(&st, layout, dt, M, N, K, ws_bytes(ws, st.sm_count, N, K),
-                                                             "test", &pl),
-                                             W4A16_OK);
+                            assert_int_equal(
+                                w4a16_plan_gemm(&st, layout, dt, M, N, K, ws_bytes(ws, st.sm_count, N, K), "test", &pl),
+                                W4A16_OK);
                             assert_int_equal(pl.carveout, st.carveout);
                             if (pl.kind == W4A16_KERNEL_STAGED) {
                                 assert_true(st.wgmma && ws >= 2 && M >= st.profile->staged_min_m);
@@ -220,7 +228,8 @@ static void test_plan_invariants(void **state) {
                                 assert_non_null(c);
                                 bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c), minb = c->minb;
                                 assert_int_equal(pl.threads, w4a16_cfg_threads(c));
-                                assert_int_equal(pl.kind == W4A16_KERNEL_MMA, !w4a16_cfg_is_decode(c) ||
+                                assert_int_equal(pl.kind == W4A16_KERNEL_MMA,
+                                                 !w4a16_cfg_is_decode(c) ||
                                                      (M > 8 && c->minb > W4A16_DECODE16_MAX_MINB));
                                 if (pl.kind == W4A16_KERNEL_DECODE8) assert_true(M <= 8);
                                 /* the tile fits a block, and its resident blocks fit the (emulated) SM */
@@ -255,10 +264,15 @@ static void test_plan_invariants(void **state) {
  * at most 16 and at least 2 of the 32 k-tiles each. */
 static void test_hand_checked(void **state) {
     (void)state;
-    const struct { const char *name, *profile; int sms, smem_block, wgmma; const char *forced; int kind, cfg, splits, bps; } c[] = {
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},   /* 340 / 48 */
-        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2}, /* 376 / 48 */
-        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},       /* 96 / 48 */
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma;
+        const char *forced;
+        int kind, cfg, splits, bps;
+    } c[] = {
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},        /* 340 / 48 */
+        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},    /* 376 / 48 */
+        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},             /* 96 / 48 */
         {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2}, /* 264/48 */
         /* A100: the deep decode tile (2 stages of 31232 bytes: 2 blocks per 164 KB SM; 256 k: 16 k-tiles, at least 4
          * each): 216 slots / 48 = 4 */
@@ -271,8 +285,8 @@ static void test_hand_checked(void **state) {
         w4a16_device_state st = device_state(&d);
         if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
         w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096, w4a16_workspace_bytes_for(st.sm_count),
-                                         "test", &pl),
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
                          W4A16_OK);
         char text[256];
         w4a16_plan_text(&pl, text, sizeof text);

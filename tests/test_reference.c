@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
 
-#include "ref/reference.h"
 #include "../kernels/marlin_index.h"
 #include "marlin_literal.h"
+#include "ref/reference.h"
 
 static uint64_t seed;
 
@@ -44,7 +46,7 @@ static void test_gptq_pack_hand_computed(void **state) {
     (void)state;
     uint8_t q[8 * 2];
     for (int k = 0; k < 8; k++) {
-        q[k * 2 + 0] = (uint8_t)k;       /* column 0: k */
+        q[k * 2 + 0] = (uint8_t)k;        /* column 0: k */
         q[k * 2 + 1] = (uint8_t)(15 - k); /* column 1: 15 - k */
     }
     int32_t packed[2];
@@ -65,7 +67,9 @@ static void test_pack_round_trips(void **state) {
     w4a16_ref_gptq_pack(q, K, N, p);
     w4a16_ref_gptq_unpack(p, K, N, back);
     assert_memory_equal(q, back, K * N);
-    free(q); free(back); free(p);
+    free(q);
+    free(back);
+    free(p);
 }
 
 static void quantize_bound(int K, int N, int G, w4a16_dtype dtype) {
@@ -88,7 +92,11 @@ static void quantize_bound(int K, int N, int G, w4a16_dtype dtype) {
     assert_true(worst <= 1.0 + 0.02);
     /* and the error is really quantisation-sized, not zero: the test can fail both ways */
     assert_true(worst > 0.3);
-    free(W); free(D); free(qw); free(qz); free(s);
+    free(W);
+    free(D);
+    free(qw);
+    free(qz);
+    free(s);
 }
 
 static void test_quantize_error_bound(void **state) {
@@ -144,7 +152,12 @@ static void test_marlin_repack_matches_literal(void **state) {
         assert_memory_equal(got, lit, K * N / 2);
         w4a16_ref_marlin_unpack(got, K, N, back); /* round trip recovers the int4 matrix */
         assert_memory_equal(back, q, K * N);
-        free(q); free(back); free(awq); free(gptq); free(lit); free(got);
+        free(q);
+        free(back);
+        free(awq);
+        free(gptq);
+        free(lit);
+        free(got);
     }
 }
 
@@ -166,7 +179,11 @@ static void test_marlin_repack_gptq_perm(void **state) {
     w4a16_ref_gptq_pack(q, K, N, gptq);
     w4a16_ref_marlin_repack_gptq(gptq, perm, K, N, got);
     assert_memory_equal(got, lit, K * N / 2);
-    free(q); free(qp); free(gptq); free(lit); free(got);
+    free(q);
+    free(qp);
+    free(gptq);
+    free(lit);
+    free(got);
 }
 
 static void test_marlin_scales_and_zeros_match_literal(void **state) {
@@ -187,7 +204,13 @@ static void test_marlin_scales_and_zeros_match_literal(void **state) {
         literal_marlin_zeros(z, rows, N, zl);
         w4a16_ref_marlin_awq_zero_points(awqz, K, N, G, zg);
         assert_memory_equal(zg, zl, rows * N / 2);
-        free(s); free(lit); free(got); free(z); free(awqz); free(zl); free(zg);
+        free(s);
+        free(lit);
+        free(got);
+        free(z);
+        free(awqz);
+        free(zl);
+        free(zg);
     }
 }
 

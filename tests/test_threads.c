@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* after setjmp.h, stdarg.h and stddef.h, which cmocka.h needs but does not include */
 #include <cmocka.h>
 
 #include "gpu_util.h"
@@ -106,16 +108,31 @@ static void test_concurrent_first_use(void **state) {
      * dequantises the two layouts' nibbles with different exact scalings, see README "Numerics") */
     double num = 0, den = 0;
     for (int i = 0; i < M * N; i++) {
-        double a = w4a16_ref_to_float(serial.out[0][i], W4A16_FP16), b = w4a16_ref_to_float(serial.out[1][i], W4A16_FP16);
+        double a = w4a16_ref_to_float(serial.out[0][i], W4A16_FP16),
+               b = w4a16_ref_to_float(serial.out[1][i], W4A16_FP16);
         num += (a - b) * (a - b);
         den += a * a;
     }
     if (!(den > 0 && sqrt(num / den) < 5e-3)) fail_msg("AWQ vs Marlin: relative difference %.3e", sqrt(num / den));
     printf("  %d threads, first use at once: AWQ and Marlin results bit-identical to the serial run; AWQ vs Marlin "
-           "relative difference %.2e\n", THREADS, sqrt(num / den));
-    cudaFree(ws); cudaFree(C); cudaFree(dA); cudaFree(dW); cudaFree(dZ); cudaFree(dS);
-    cudaFree(mW); cudaFree(mZ); cudaFree(mS);
-    free(w); free(z); free(sc); free(a); free(hw); free(hz); free(hs);
+           "relative difference %.2e\n",
+           THREADS, sqrt(num / den));
+    cudaFree(ws);
+    cudaFree(C);
+    cudaFree(dA);
+    cudaFree(dW);
+    cudaFree(dZ);
+    cudaFree(dS);
+    cudaFree(mW);
+    cudaFree(mZ);
+    cudaFree(mS);
+    free(w);
+    free(z);
+    free(sc);
+    free(a);
+    free(hw);
+    free(hz);
+    free(hs);
 }
 
 int main(void) {

@@ -1,13 +1,13 @@
 /* w4a16-doctor: says in one command whether this machine's GPUs and driver can run w4a16, and proves it with a
  * small self-test of both GEMM paths against the CPU reference. Exit status: 0 all GPUs usable, 1 none or a
  * failed self-test, 2 bad usage. Never crashes without a GPU or driver. */
+#include "../tests/ref/reference.h"
+#include "w4a16.h"
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../tests/ref/reference.h"
-#include "w4a16.h"
 
 /* One small AWQ problem through both paths on the current device; returns 0 when both match the CPU. */
 static int self_test(char *out, size_t outlen) {
@@ -31,12 +31,26 @@ static int self_test(char *out, size_t outlen) {
     void *dA = NULL, *dW = NULL, *dZ = NULL, *dS = NULL, *dC = NULL, *mW = NULL, *mZ = NULL, *mS = NULL, *ws = NULL;
     double err_awq = INFINITY, err_marlin = INFINITY;
     w4a16_status st;
-#define TRY_CUDA(x) if ((x) != cudaSuccess) { snprintf(out, outlen, "CUDA error in %s", #x); goto done; }
-#define TRY_W4(x) if ((st = (x)) != W4A16_OK) { snprintf(out, outlen, "%s: %s", #x, w4a16_last_error_message()); goto done; }
+#define TRY_CUDA(x)                                                                                                    \
+    if ((x) != cudaSuccess) {                                                                                          \
+        snprintf(out, outlen, "CUDA error in %s", #x);                                                                 \
+        goto done;                                                                                                     \
+    }
+#define TRY_W4(x)                                                                                                      \
+    if ((st = (x)) != W4A16_OK) {                                                                                      \
+        snprintf(out, outlen, "%s: %s", #x, w4a16_last_error_message());                                               \
+        goto done;                                                                                                     \
+    }
     TRY_W4(w4a16_workspace_size(&wsb));
-    TRY_CUDA(cudaMalloc(&dA, 2 * M * K)); TRY_CUDA(cudaMalloc(&dW, K * N / 2)); TRY_CUDA(cudaMalloc(&dZ, K / G * N / 2));
-    TRY_CUDA(cudaMalloc(&dS, 2 * K / G * N)); TRY_CUDA(cudaMalloc(&dC, 2 * M * N)); TRY_CUDA(cudaMalloc(&mW, K * N / 2));
-    TRY_CUDA(cudaMalloc(&mZ, K / G * N / 2)); TRY_CUDA(cudaMalloc(&mS, 2 * K / G * N)); TRY_CUDA(cudaMalloc(&ws, wsb));
+    TRY_CUDA(cudaMalloc(&dA, 2 * M * K));
+    TRY_CUDA(cudaMalloc(&dW, K * N / 2));
+    TRY_CUDA(cudaMalloc(&dZ, K / G * N / 2));
+    TRY_CUDA(cudaMalloc(&dS, 2 * K / G * N));
+    TRY_CUDA(cudaMalloc(&dC, 2 * M * N));
+    TRY_CUDA(cudaMalloc(&mW, K * N / 2));
+    TRY_CUDA(cudaMalloc(&mZ, K / G * N / 2));
+    TRY_CUDA(cudaMalloc(&mS, 2 * K / G * N));
+    TRY_CUDA(cudaMalloc(&ws, wsb));
     TRY_CUDA(cudaMemset(ws, 0, wsb));
     TRY_CUDA(cudaMemcpy(dA, hA, 2 * M * K, cudaMemcpyHostToDevice));
     TRY_CUDA(cudaMemcpy(dW, qw, K * N / 2, cudaMemcpyHostToDevice));
@@ -61,9 +75,24 @@ static int self_test(char *out, size_t outlen) {
     snprintf(out, outlen, "self-test %s: awq rel err %.1e, marlin rel err %.1e (limit 1e-2)", rc ? "FAILED" : "passed",
              err_awq, err_marlin);
 done:
-    cudaFree(dA); cudaFree(dW); cudaFree(dZ); cudaFree(dS); cudaFree(dC);
-    cudaFree(mW); cudaFree(mZ); cudaFree(mS); cudaFree(ws);
-    free(Wf); free(Af); free(Cf); free(ref); free(qw); free(qz); free(s); free(hA); free(hC);
+    cudaFree(dA);
+    cudaFree(dW);
+    cudaFree(dZ);
+    cudaFree(dS);
+    cudaFree(dC);
+    cudaFree(mW);
+    cudaFree(mZ);
+    cudaFree(mS);
+    cudaFree(ws);
+    free(Wf);
+    free(Af);
+    free(Cf);
+    free(ref);
+    free(qw);
+    free(qz);
+    free(s);
+    free(hA);
+    free(hC);
     return rc;
 }
 
@@ -82,8 +111,10 @@ int main(int argc, char **argv) {
     int drv = 0, count = 0;
     cudaDriverGetVersion(&drv);
     printf("CUDA runtime (built with): %d.%d\n", CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
-    if (drv) printf("CUDA driver: supports CUDA %d.%d\n", drv / 1000, (drv % 1000) / 10);
-    else printf("CUDA driver: not found\n");
+    if (drv)
+        printf("CUDA driver: supports CUDA %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    else
+        printf("CUDA driver: not found\n");
     w4a16_device_info info;
     w4a16_status s = w4a16_get_device_info(0, &info);
     if (s != W4A16_OK) {
@@ -106,7 +137,9 @@ int main(int argc, char **argv) {
         usable += !bad;
         failed += bad;
     }
-    if (usable && !failed) printf("verdict: OK - w4a16 runs on %d of %d GPU(s)\n", usable, count);
-    else printf("verdict: NOT USABLE - %d of %d GPU(s) passed\n", usable, count);
+    if (usable && !failed)
+        printf("verdict: OK - w4a16 runs on %d of %d GPU(s)\n", usable, count);
+    else
+        printf("verdict: NOT USABLE - %d of %d GPU(s) passed\n", usable, count);
     return usable && !failed ? 0 : 1;
 }

@@ -20,21 +20,22 @@ enum { M = 16, N = 256, K = 512, G = 128 };
 
 static const char *status_name(w4a16_status s) {
     switch (s) {
-#define W4A16_NAME_(name, value, text) \
-    case name: return #name;
+#define W4A16_NAME_(name, value, text)                                                                                 \
+    case name:                                                                                                         \
+        return #name;
         W4A16_STATUS_LIST(W4A16_NAME_)
 #undef W4A16_NAME_
     }
     return "unknown status";
 }
 
-#define CUDA_CHECK(call)                                                                                       \
-    do {                                                                                                       \
-        cudaError_t e_ = (call);                                                                               \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "app: %s failed: %s\n", #call, cudaGetErrorString(e_));                            \
-            return 1;                                                                                          \
-        }                                                                                                      \
+#define CUDA_CHECK(call)                                                                                               \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "app: %s failed: %s\n", #call, cudaGetErrorString(e_));                                    \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 /* IEEE half <-> float on the host (round to nearest even; the values here are normal and finite) */
@@ -51,9 +52,12 @@ static uint16_t to_half(float f) {
 
 static float from_half(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FFu, x;
-    if (exp == 0x1F) x = sign | 0x7F800000u | (mant << 13);                  /* inf / NaN */
-    else if (exp == 0) return (sign ? -1.f : 1.f) * ldexpf((float)mant, -24); /* zero / subnormal */
-    else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    if (exp == 0x1F)
+        x = sign | 0x7F800000u | (mant << 13); /* inf / NaN */
+    else if (exp == 0)
+        return (sign ? -1.f : 1.f) * ldexpf((float)mant, -24); /* zero / subnormal */
+    else
+        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
     float f;
     memcpy(&f, &x, 4);
     return f;
@@ -150,8 +154,8 @@ int main(void) {
             ref2 += ref * ref;
         }
     double rel = sqrt(err2 / ref2);
-    printf("app: C[%d,%d] = A[%d,%d] x W[%d,%d] (group size %d): relative error %.2e against the CPU reference\n", M,
-           N, M, K, K, N, G, rel);
+    printf("app: C[%d,%d] = A[%d,%d] x W[%d,%d] (group size %d): relative error %.2e against the CPU reference\n", M, N,
+           M, K, K, N, G, rel);
 
     cudaStreamDestroy(stream);
     cudaFree(ws), cudaFree(dA), cudaFree(dW), cudaFree(dZ), cudaFree(dS), cudaFree(dC);

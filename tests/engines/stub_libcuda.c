@@ -10,39 +10,38 @@
 typedef int CUresult;
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_NO_DEVICE = 100 };
 
-#define STUB(name) \
+#define STUB(name)                                                                                                     \
     CUresult name(void) { return CUDA_ERROR_NO_DEVICE; }
 
-CUresult cuInit(unsigned flags) { (void)flags; return CUDA_ERROR_NO_DEVICE; }
-CUresult cuDriverGetVersion(int *version)
-{
+CUresult cuInit(unsigned flags) {
+    (void)flags;
+    return CUDA_ERROR_NO_DEVICE;
+}
+CUresult cuDriverGetVersion(int *version) {
     if (version) *version = 0;
     return CUDA_ERROR_NO_DEVICE;
 }
-CUresult cuDeviceGetCount(int *count)
-{
+CUresult cuDeviceGetCount(int *count) {
     if (count) *count = 0;
     return CUDA_ERROR_NO_DEVICE;
 }
-CUresult cuGetProcAddress(const char *symbol, void **fn, int version, unsigned long long flags)
-{
-    (void)symbol; (void)version; (void)flags;
+CUresult cuGetProcAddress(const char *symbol, void **fn, int version, unsigned long long flags) {
+    (void)symbol;
+    (void)version;
+    (void)flags;
     if (fn) *fn = NULL;
     return CUDA_ERROR_NOT_FOUND;
 }
-CUresult cuGetProcAddress_v2(const char *symbol, void **fn, int version, unsigned long long flags, void *status)
-{
+CUresult cuGetProcAddress_v2(const char *symbol, void **fn, int version, unsigned long long flags, void *status) {
     (void)status;
     return cuGetProcAddress(symbol, fn, version, flags);
 }
-CUresult cuGetErrorString(CUresult error, const char **str)
-{
+CUresult cuGetErrorString(CUresult error, const char **str) {
     (void)error;
     if (str) *str = "no CUDA device (w4a16 test stub driver)";
     return CUDA_SUCCESS;
 }
-CUresult cuGetErrorName(CUresult error, const char **str)
-{
+CUresult cuGetErrorName(CUresult error, const char **str) {
     (void)error;
     if (str) *str = "CUDA_ERROR_NO_DEVICE";
     return CUDA_SUCCESS;

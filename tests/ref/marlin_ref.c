@@ -1,10 +1,11 @@
 /* CPU twins of the Marlin converters in kernels/convert.cu (same index maps, kernels/marlin_index.h). */
-#include "reference.h"
 #include "../../kernels/marlin_index.h"
+#include "reference.h"
 
 static void repack(const int32_t *in, const int32_t *perm, int K, int N, int is_gptq, int32_t *out) {
     for (int kt = 0; kt < K / 16; kt++)
-        for (int w = 0; w < 2 * N; w++) out[(size_t)kt * 2 * N + w] = (int32_t)w4a16_marlin_word(in, perm, kt, w, N, is_gptq);
+        for (int w = 0; w < 2 * N; w++)
+            out[(size_t)kt * 2 * N + w] = (int32_t)w4a16_marlin_word(in, perm, kt, w, N, is_gptq);
 }
 
 void w4a16_ref_marlin_repack_awq(const int32_t *awq_qweight, int K, int N, int32_t *out) {

@@ -27,8 +27,8 @@ int w4a16_ref_moe_check_routing(const int32_t *topk_ids, int n, int E, int bs, c
                 }
                 seen[v] = 1;
             } else if (v != n) {
-                snprintf(msg, msg_len, "sorted[%d] = %d, expected the pad value %d after expert %d's %d pairs",
-                         pos + j, v, n, e, count[e]);
+                snprintf(msg, msg_len, "sorted[%d] = %d, expected the pad value %d after expert %d's %d pairs", pos + j,
+                         v, n, e, count[e]);
                 goto out;
             }
         }

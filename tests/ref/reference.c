@@ -1,8 +1,8 @@
 /* CPU reference: 16-bit floats, AWQ/GPTQ packing, quantisers, dequantisation, GEMM, errors, random numbers. */
 #include "reference.h"
+#include "../../kernels/marlin_index.h"
 #include <math.h>
 #include <string.h>
-#include "../../kernels/marlin_index.h"
 
 /* ---------------------------------------------------------------- 16-bit floats */
 static uint32_t f32_bits(float v) {
@@ -19,7 +19,7 @@ static float bits_f32(uint32_t u) {
 static uint16_t to_bf16(float v) {
     uint32_t u = f32_bits(v);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                           /* round to nearest even */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
 
@@ -27,7 +27,7 @@ static uint16_t to_f16(float v) {
     uint32_t u = f32_bits(v), sign = (u >> 16) & 0x8000u, au = u & 0x7fffffffu;
     if (au > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
     if (au >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-    if (au < 0x38800000u) {                                    /* subnormal or zero in fp16 */
+    if (au < 0x38800000u) {                                   /* subnormal or zero in fp16 */
         float a = bits_f32(au);
         /* a / 2^-24 rounded to nearest even, using float's own rounding */
         float scaled = a * 16777216.0f;
@@ -57,7 +57,9 @@ float w4a16_ref_to_float(uint16_t v, w4a16_dtype dtype) {
     return dtype == W4A16_BF16 ? bits_f32((uint32_t)v << 16) : from_f16(v);
 }
 
-static float round_dtype(float v, w4a16_dtype dtype) { return w4a16_ref_to_float(w4a16_ref_from_float(v, dtype), dtype); }
+static float round_dtype(float v, w4a16_dtype dtype) {
+    return w4a16_ref_to_float(w4a16_ref_from_float(v, dtype), dtype);
+}
 
 /* ---------------------------------------------------------------- packing */
 void w4a16_ref_awq_pack(const uint8_t *q, int rows, int N, int32_t *packed) {
@@ -97,8 +99,8 @@ void w4a16_ref_gptq_unpack(const int32_t *packed, int K, int N, uint8_t *q) {
 /* ---------------------------------------------------------------- quantisers */
 static int clamp15(float v) { return v < 0.f ? 0 : v > 15.f ? 15 : (int)v; }
 
-void w4a16_ref_awq_quantize(const float *W, int K, int N, int G, w4a16_dtype dtype, int32_t *qweight,
-                            int32_t *qzeros, uint16_t *scales) {
+void w4a16_ref_awq_quantize(const float *W, int K, int N, int G, w4a16_dtype dtype, int32_t *qweight, int32_t *qzeros,
+                            uint16_t *scales) {
     if (G <= 0) G = K;
     const int groups = K / G;
     for (int g = 0; g < groups; g++) {

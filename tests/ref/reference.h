@@ -3,9 +3,9 @@
  * Matrices are row-major; 16-bit values (fp16 or bf16 bit patterns) are uint16_t with a w4a16_dtype. */
 #ifndef W4A16_REFERENCE_H
 #define W4A16_REFERENCE_H
+#include "../../include/w4a16.h"
 #include <stddef.h>
 #include <stdint.h>
-#include "../../include/w4a16.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,8 +26,8 @@ void w4a16_ref_gptq_unpack(const int32_t *packed, int K, int N, uint8_t *q);
 /* AutoAWQ's asymmetric quantiser, per group of G rows (G = K for -1) and column:
  * s = (max - min) / 15 (rounded to dtype), z = clamp(-round(min / s), 0, 15), q = clamp(round(w / s) + z, 0, 15).
  * Outputs AWQ tensors: qweight[K, N/8], qzeros[K/G, N/8], scales[K/G, N] (dtype bits). */
-void w4a16_ref_awq_quantize(const float *W, int K, int N, int G, w4a16_dtype dtype, int32_t *qweight,
-                            int32_t *qzeros, uint16_t *scales);
+void w4a16_ref_awq_quantize(const float *W, int K, int N, int G, w4a16_dtype dtype, int32_t *qweight, int32_t *qzeros,
+                            uint16_t *scales);
 /* Symmetric GPTQ quantiser (uint4b8): s = max|w| / 7.5 (rounded to dtype), q = clamp(round(w / s) + 8, 0, 15).
  * Outputs qweight[K/8, N] and scales[K/G, N]. */
 void w4a16_ref_gptq_quantize(const float *W, int K, int N, int G, w4a16_dtype dtype, int32_t *qweight,
