@@ -4,6 +4,7 @@ libw4a16.so is native code loaded through ctypes: the wheel is a platform wheel 
 py3-none-<platform>, since the library depends on the machine but not on the Python ABI; `make wheel` then gives it
 its manylinux tag with auditwheel. The library is copied into the build folder, never into the source tree, so no
 stale copy can shadow ../build when the package runs from the checkout."""
+
 import glob
 import os
 
@@ -24,7 +25,8 @@ def built_library():
         raise SystemExit(
             "w4a16 setup: ../build/libw4a16.so.<version> not found. The package wraps that native library: build "
             "it first in the w4a16 checkout with `make -j$(nproc)` (then `pip install ./python_bindings`), or "
-            "build the wheel with `make wheel`.")
+            "build the wheel with `make wheel`."
+        )
     return found[-1]
 
 

@@ -1,11 +1,11 @@
 """CPU tests of the Python package (run on CI): loading, version, errors as exceptions with the library's message,
 argument checks of the framework-free layer, and the numpy formats against hand-computed words."""
+
 import os
 import re
 
 import numpy as np
 import pytest
-
 import w4a16
 from w4a16 import formats
 
@@ -45,18 +45,35 @@ def test_gemm_flags():
         w4a16.marlin_gemm(fake, fake, fake, 0, 0, fake, 1, 64, 128, 128, w4a16.FP16, 0, 0, flags=4)
     assert e.value.status == 8 and "flags=0x4 has unknown bits" in e.value.detail
     with pytest.raises(w4a16.W4A16Error) as e:  # both known flags pass; the group size is checked next
-        w4a16.awq_gemm(fake, fake, fake, fake, 0, fake, 1, 64, 128, 48, w4a16.FP16, 0, 0,
-                       flags=w4a16.FLAG_PDL | w4a16.FLAG_REDUCE_IN_DTYPE)
+        w4a16.awq_gemm(
+            fake,
+            fake,
+            fake,
+            fake,
+            0,
+            fake,
+            1,
+            64,
+            128,
+            48,
+            w4a16.FP16,
+            0,
+            0,
+            flags=w4a16.FLAG_PDL | w4a16.FLAG_REDUCE_IN_DTYPE,
+        )
     assert e.value.status == 4 and "group_size=48" in e.value.detail
 
 
-@pytest.mark.parametrize("kwargs,status,text", [
-    (dict(N=100), 3, "N=100 must be a positive multiple of 64"),
-    (dict(K=4000), 3, "K=4000 is not a multiple of group_size=128"),
-    (dict(G=48), 4, "group_size=48"),
-    (dict(M=0), 3, "M=0 must be at least 1"),
-    (dict(dtype=9), 5, "dtype=9"),
-])
+@pytest.mark.parametrize(
+    "kwargs,status,text",
+    [
+        (dict(N=100), 3, "N=100 must be a positive multiple of 64"),
+        (dict(K=4000), 3, "K=4000 is not a multiple of group_size=128"),
+        (dict(G=48), 4, "group_size=48"),
+        (dict(M=0), 3, "M=0 must be at least 1"),
+        (dict(dtype=9), 5, "dtype=9"),
+    ],
+)
 def test_argument_checks(kwargs, status, text):
     a = dict(M=1, N=64, K=128, G=128, dtype=w4a16.FP16)
     a.update(kwargs)
@@ -79,10 +96,10 @@ def test_force_profile_unknown_name():
 
 
 def test_awq_pack_hand_computed():
-    q = np.tile(np.arange(8, dtype=np.uint8), (1, 2))        # column j holds j % 8
+    q = np.tile(np.arange(8, dtype=np.uint8), (1, 2))  # column j holds j % 8
     assert formats.awq_pack(q).view(np.uint32).tolist() == [[0x75316420, 0x75316420]]
     q = np.zeros((1, 8), dtype=np.uint8)
-    q[0, 1] = 0xA                                             # column 1 lives in nibble 4
+    q[0, 1] = 0xA  # column 1 lives in nibble 4
     assert formats.awq_pack(q).view(np.uint32)[0, 0] == 0x000A0000
 
 
@@ -113,15 +130,16 @@ def test_quantize_error_bound():
     assert 0.3 < err.max() <= 1.02
 
 
-
 def test_vllm_plugin_without_vllm(monkeypatch):
     from w4a16 import vllm_plugin
+
     monkeypatch.setenv("W4A16_VLLM", "0")
-    assert vllm_plugin.register() is False          # opted out
+    assert vllm_plugin.register() is False  # opted out
     monkeypatch.setenv("W4A16_VLLM", "1")
     import importlib.util
+
     if importlib.util.find_spec("vllm") is None:
-        assert vllm_plugin.register() is False      # nothing to patch, and no error
+        assert vllm_plugin.register() is False  # nothing to patch, and no error
 
 
 def test_vllm_plugin_entry_point_declared():
@@ -133,6 +151,7 @@ def test_vllm_plugin_entry_point_declared():
 def test_python_doctor_without_gpu_says_so():
     import subprocess
     import sys
+
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "-m", "w4a16"], capture_output=True, text=True, env=env)
     assert out.returncode == 1 and "verdict: NOT USABLE" in out.stdout

@@ -1,8 +1,8 @@
 """CPU tests of the MoE layer's framework-free bindings (run on CI): the ctypes signatures reach the library with the
 right argument order, failures raise W4A16Error with the library's message, and nothing needs a GPU (every call
 here is rejected by validation, before any device is touched, or is the host-side size query)."""
-import pytest
 
+import pytest
 import w4a16
 from w4a16 import _moe_lib as raw
 
@@ -18,9 +18,28 @@ def test_align_sizes():
 
 def test_grouped_gemm_argument_order():
     # the (N, K, G) = (64, 96, 32) shape check fires only if M, top_k, E, block size and capacities arrive in order
-    ok = dict(A=256, weight=256, scales=256, zeros=256, bias=0, topk_weights=0, C=256, sorted_ids=256, expert_ids=256,
-              num_tokens_post_padded=256, sorted_capacity=128, blocks_capacity=8, block_size=16, M=4, top_k=2,
-              num_experts=8, N=64, K=96, group_size=32, dtype=w4a16.FP16)
+    ok = dict(
+        A=256,
+        weight=256,
+        scales=256,
+        zeros=256,
+        bias=0,
+        topk_weights=0,
+        C=256,
+        sorted_ids=256,
+        expert_ids=256,
+        num_tokens_post_padded=256,
+        sorted_capacity=128,
+        blocks_capacity=8,
+        block_size=16,
+        M=4,
+        top_k=2,
+        num_experts=8,
+        N=64,
+        K=96,
+        group_size=32,
+        dtype=w4a16.FP16,
+    )
     for layout in ("marlin", "awq"):
         with pytest.raises(w4a16.W4A16Error) as e:
             raw.grouped_gemm(layout, **ok)

@@ -1,5 +1,6 @@
 """GPU tests of w4a16.moe against a torch fp32 reference (run on the GPU machine; skipped, saying why, without torch or
 a CUDA GPU)."""
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -28,8 +29,8 @@ def unpack_awq(packed):
 
 def make_awq_experts(E, K, N, G, dtype, g):
     groups = 1 if G == -1 else K // G
-    qw = torch.randint(-2**31, 2**31 - 1, (E, K, N // 8), dtype=torch.int32, device="cuda", generator=g)
-    qz = torch.randint(-2**31, 2**31 - 1, (E, groups, N // 8), dtype=torch.int32, device="cuda", generator=g)
+    qw = torch.randint(-(2**31), 2**31 - 1, (E, K, N // 8), dtype=torch.int32, device="cuda", generator=g)
+    qz = torch.randint(-(2**31), 2**31 - 1, (E, groups, N // 8), dtype=torch.int32, device="cuda", generator=g)
     s = (torch.rand((E, groups, N), device="cuda", generator=g) * 0.01 + 0.005).to(dtype)
     q, z = unpack_awq(qw).float(), unpack_awq(qz).float()
     rows = K // groups
@@ -39,7 +40,7 @@ def make_awq_experts(E, K, N, G, dtype, g):
 
 def make_gptq_experts(E, K, N, G, dtype, g):
     groups = 1 if G == -1 else K // G
-    qw = torch.randint(-2**31, 2**31 - 1, (E, K // 8, N), dtype=torch.int32, device="cuda", generator=g)
+    qw = torch.randint(-(2**31), 2**31 - 1, (E, K // 8, N), dtype=torch.int32, device="cuda", generator=g)
     s = (torch.rand((E, groups, N), device="cuda", generator=g) * 0.01 + 0.005).to(dtype)
     shifts = torch.arange(8, device="cuda", dtype=torch.int32) * 4
     q = ((qw.unsqueeze(2) >> shifts.view(1, 1, 8, 1)) & 0xF).reshape(E, K, N).float()  # nibble i of row r = k 8r + i
@@ -97,10 +98,17 @@ def test_fused_moe_vs_fp32(dtype, kind, T, E, top_k, G):
         else:
             m13 = moe.awq_marlin_moe_repack(q13, None, H, 2 * inter, 4)
             m2 = moe.awq_marlin_moe_repack(q2, None, inter, H, 4)
-            out = moe.fused_moe(x, m13, m2, moe.marlin_moe_permute_scales(s13, H, 2 * inter, G),
-                                moe.marlin_moe_permute_scales(s2, inter, H, G), tw, ids,
-                                w13_zeros=moe.moe_awq_to_marlin_zero_points(z13, z13.shape[1], 2 * inter, 4),
-                                w2_zeros=moe.moe_awq_to_marlin_zero_points(z2, z2.shape[1], H, 4))
+            out = moe.fused_moe(
+                x,
+                m13,
+                m2,
+                moe.marlin_moe_permute_scales(s13, H, 2 * inter, G),
+                moe.marlin_moe_permute_scales(s2, inter, H, G),
+                tw,
+                ids,
+                w13_zeros=moe.moe_awq_to_marlin_zero_points(z13, z13.shape[1], 2 * inter, 4),
+                w2_zeros=moe.moe_awq_to_marlin_zero_points(z2, z2.shape[1], H, 4),
+            )
     ref = reference(x, w13, w2, tw, ids)
     err = rel(out, ref)
     assert out.shape == (T, H) and out.dtype == dtype
@@ -117,9 +125,15 @@ def _layer(kind, E, H, inter, G, dtype, g):
     m13 = moe.awq_marlin_moe_repack(q13, None, H, 2 * inter, 4)
     m2 = moe.awq_marlin_moe_repack(q2, None, inter, H, 4)
     ms13, ms2 = moe.marlin_moe_permute_scales(s13, H, 2 * inter, G), moe.marlin_moe_permute_scales(s2, inter, H, G)
-    return ((m13, m2, ms13, ms2),
-            dict(w13_zeros=moe.moe_awq_to_marlin_zero_points(z13, z13.shape[1], 2 * inter, 4),
-                 w2_zeros=moe.moe_awq_to_marlin_zero_points(z2, z2.shape[1], H, 4)), w13, w2)
+    return (
+        (m13, m2, ms13, ms2),
+        dict(
+            w13_zeros=moe.moe_awq_to_marlin_zero_points(z13, z13.shape[1], 2 * inter, 4),
+            w2_zeros=moe.moe_awq_to_marlin_zero_points(z2, z2.shape[1], H, 4),
+        ),
+        w13,
+        w2,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,7 +154,7 @@ def test_fused_moe_split_k_vs_fp32(dtype, kind, T, E, top_k, G):
     assert err < (2e-2 if dtype == torch.bfloat16 else 5e-3), err
     ws = moe.prepare(x.device)
     torch.cuda.synchronize()
-    counters = ws[:torch.cuda.get_device_properties(0).multi_processor_count * 32].view(torch.int32)
+    counters = ws[: torch.cuda.get_device_properties(0).multi_processor_count * 32].view(torch.int32)
     assert int(counters.abs().sum()) == 0  # every call leaves the split-K counters zeroed
 
 
@@ -201,28 +215,164 @@ def test_vllm_signatures(newest):
     ws = torch.zeros(1024, dtype=torch.int32, device="cuda")
     if newest:
         assert len(torch.ops.w4a16.moe_wna16_marlin_gemm.default._schema.arguments) == 26
-        out = moe.moe_wna16_marlin_gemm(x, None, mw, None, ms, None, None, mz, ws, sorted_ids, expert_ids, npp, tw,
-                                        bs, top_k, False, 0, T, N, K, False, True, False, -1, -1, -1)
+        out = moe.moe_wna16_marlin_gemm(
+            x,
+            None,
+            mw,
+            None,
+            ms,
+            None,
+            None,
+            mz,
+            ws,
+            sorted_ids,
+            expert_ids,
+            npp,
+            tw,
+            bs,
+            top_k,
+            False,
+            0,
+            T,
+            N,
+            K,
+            False,
+            True,
+            False,
+            -1,
+            -1,
+            -1,
+        )
     else:
         assert len(torch.ops.w4a16.moe_wna16_marlin_gemm_v0_15.default._schema.arguments) == 29
-        out = moe.moe_wna16_marlin_gemm_v0_15(x, None, mw, None, ms, None, None, mz, None, None, ws, sorted_ids,
-                                              expert_ids, npp, tw, bs, top_k, False, 0, T, N, K, True, False, True,
-                                              False, -1, -1, -1)
+        out = moe.moe_wna16_marlin_gemm_v0_15(
+            x,
+            None,
+            mw,
+            None,
+            ms,
+            None,
+            None,
+            mz,
+            None,
+            None,
+            ws,
+            sorted_ids,
+            expert_ids,
+            npp,
+            tw,
+            bs,
+            top_k,
+            False,
+            0,
+            T,
+            N,
+            K,
+            True,
+            False,
+            True,
+            False,
+            -1,
+            -1,
+            -1,
+        )
     ref = torch.stack([x[t].float() @ w[int(ids[t, k])] for t in range(T) for k in range(top_k)])
     assert rel(out, ref) < 5e-3
     # second GEMM: one row per pair (A [T top_k, K]), top_k = 1, rows weighted by topk_weights
     a2 = (torch.rand((T * top_k, K), device="cuda", generator=g) * 2 - 1).to(dtype)
     if newest:
-        out2 = moe.moe_wna16_marlin_gemm(a2, None, mw, None, ms, None, None, mz, ws, sorted_ids, expert_ids, npp, tw,
-                                         bs, 1, True, 0, T * top_k, N, K, False, True, False, -1, -1, -1)
+        out2 = moe.moe_wna16_marlin_gemm(
+            a2,
+            None,
+            mw,
+            None,
+            ms,
+            None,
+            None,
+            mz,
+            ws,
+            sorted_ids,
+            expert_ids,
+            npp,
+            tw,
+            bs,
+            1,
+            True,
+            0,
+            T * top_k,
+            N,
+            K,
+            False,
+            True,
+            False,
+            -1,
+            -1,
+            -1,
+        )
     else:
-        out2 = moe.moe_wna16_marlin_gemm_v0_15(a2, None, mw, None, ms, None, None, mz, None, None, ws, sorted_ids,
-                                               expert_ids, npp, tw, bs, 1, True, 0, T * top_k, N, K, True, False,
-                                               True, False, -1, -1, -1)
+        out2 = moe.moe_wna16_marlin_gemm_v0_15(
+            a2,
+            None,
+            mw,
+            None,
+            ms,
+            None,
+            None,
+            mz,
+            None,
+            None,
+            ws,
+            sorted_ids,
+            expert_ids,
+            npp,
+            tw,
+            bs,
+            1,
+            True,
+            0,
+            T * top_k,
+            N,
+            K,
+            True,
+            False,
+            True,
+            False,
+            -1,
+            -1,
+            -1,
+        )
     flat = ids.flatten()
     ref2 = torch.stack([tw.flatten()[i] * (a2[i].float() @ w[int(flat[i])]) for i in range(T * top_k)])
     assert rel(out2, ref2) < 5e-3
     with pytest.raises(NotImplementedError):
-        moe.moe_wna16_marlin_gemm_v0_15(x, None, mw, None, ms, None, None, mz, torch.arange(K, device="cuda"), None,
-                                        ws, sorted_ids, expert_ids, npp, tw, bs, top_k, False, 0, T, N, K, True,
-                                        False, True, False, -1, -1, -1)
+        moe.moe_wna16_marlin_gemm_v0_15(
+            x,
+            None,
+            mw,
+            None,
+            ms,
+            None,
+            None,
+            mz,
+            torch.arange(K, device="cuda"),
+            None,
+            ws,
+            sorted_ids,
+            expert_ids,
+            npp,
+            tw,
+            bs,
+            top_k,
+            False,
+            0,
+            T,
+            N,
+            K,
+            True,
+            False,
+            True,
+            False,
+            -1,
+            -1,
+            -1,
+        )

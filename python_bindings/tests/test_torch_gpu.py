@@ -1,4 +1,5 @@
 """GPU tests of w4a16.torch (run on the GPU machine; skipped, saying why, without torch or a CUDA GPU)."""
+
 import numpy as np
 import pytest
 
@@ -15,9 +16,9 @@ DTYPES = [torch.float16, torch.bfloat16]
 def make_awq(K, N, G, dtype, seed=None):
     g = torch.Generator(device="cuda")
     g.seed() if seed is None else g.manual_seed(seed)
-    qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda", generator=g)
+    qw = torch.randint(-(2**31), 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda", generator=g)
     groups = 1 if G == -1 else K // G
-    qz = torch.randint(-2**31, 2**31 - 1, (groups, N // 8), dtype=torch.int32, device="cuda", generator=g)
+    qz = torch.randint(-(2**31), 2**31 - 1, (groups, N // 8), dtype=torch.int32, device="cuda", generator=g)
     s = (torch.rand((groups, N), device="cuda", generator=g) * 0.01 + 0.005).to(dtype)
     return qw, qz, s
 
@@ -55,7 +56,9 @@ def test_awq_and_marlin_vs_matmul(dtype, M, G):
     # the converters equal the numpy formats bit for bit
     assert (mw.cpu().numpy() == formats.marlin_repack_awq(qw.cpu().numpy())).all()
     assert (mz.cpu().numpy() == formats.awq_to_marlin_zero_points(qz.cpu().numpy(), groups, N)).all()
-    assert (ms.cpu() == torch.from_numpy(formats.marlin_permute_scales(s.float().cpu().numpy(), K, N, G)).to(dtype)).all()
+    assert (
+        ms.cpu() == torch.from_numpy(formats.marlin_permute_scales(s.float().cpu().numpy(), K, N, G)).to(dtype)
+    ).all()
 
 
 @pytest.mark.parametrize("M", [1, 16, 40, 300])
@@ -63,8 +66,14 @@ def test_pdl_chain_is_bit_identical(M):
     # each GEMM reads the previous one's output: with programmatic dependent launch the chain must not change a bit
     K = N = 1024
     layers = [make_awq(K, N, 128, torch.float16) for _ in range(2)]
-    marlin = [(wt.awq_marlin_repack(qw, K, N, 4), wt.marlin_permute_scales(s, K, N, 128),
-               wt.awq_to_marlin_zero_points(qz, K // 128, N, 4)) for qw, qz, s in layers]
+    marlin = [
+        (
+            wt.awq_marlin_repack(qw, K, N, 4),
+            wt.marlin_permute_scales(s, K, N, 128),
+            wt.awq_to_marlin_zero_points(qz, K // 128, N, 4),
+        )
+        for qw, qz, s in layers
+    ]
     torch.cuda.synchronize()
     x0 = torch.randn(M, K, device="cuda").to(torch.float16)
 
@@ -135,8 +144,10 @@ def test_torch_compile_and_cuda_graph():
 def test_mlp_example(dtype):
     import os
     import sys
+
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     from mlp import run_mlp
+
     e_deq, e_float = run_mlp(dtype=dtype, tokens=16)
     assert e_deq < (2e-2 if dtype == torch.bfloat16 else 1e-2)  # the kernels reproduce the dequantised MLP
     assert 0.03 < e_float < 0.2  # and the int4 quantisation error is what int4 gives (about 11% here)
@@ -145,6 +156,7 @@ def test_mlp_example(dtype):
 def test_python_doctor_self_test():
     import subprocess
     import sys
+
     out = subprocess.run([sys.executable, "-m", "w4a16"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "self-test passed" in out.stdout and "verdict: OK" in out.stdout

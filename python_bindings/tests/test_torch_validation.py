@@ -2,6 +2,7 @@
 before anything is allocated or launched (no read past a tensor, no silent wrong answer). The shape checks come
 before the device checks, so most cases run with CPU tensors where no GPU is visible; the device-only cases
 (alignment, perm values) need one. Skipped without PyTorch."""
+
 import re
 
 import pytest
@@ -17,8 +18,8 @@ needs_gpu = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch"
 
 def awq(K=1024, N=512, G=128, dtype=torch.float16):
     groups = 1 if G == -1 else K // G
-    qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device=DEV)
-    qz = torch.randint(-2**31, 2**31 - 1, (groups, N // 8), dtype=torch.int32, device=DEV)
+    qw = torch.randint(-(2**31), 2**31 - 1, (K, N // 8), dtype=torch.int32, device=DEV)
+    qz = torch.randint(-(2**31), 2**31 - 1, (groups, N // 8), dtype=torch.int32, device=DEV)
     s = (torch.rand((groups, N), device=DEV) * 0.01 + 0.005).to(dtype)
     return qw, qz, s
 
@@ -27,9 +28,9 @@ def marlin(M=4, K=1024, N=512, G=128):
     """Arguments of wt.marlin_gemm with valid shapes (random words: only the checks run)."""
     groups = K // G
     a = torch.randn(M, K, device=DEV).half()
-    w = torch.randint(-2**31, 2**31 - 1, (K // 16, 2 * N), dtype=torch.int32, device=DEV)
+    w = torch.randint(-(2**31), 2**31 - 1, (K // 16, 2 * N), dtype=torch.int32, device=DEV)
     s = torch.rand(groups, N, device=DEV).half()
-    z = torch.randint(-2**31, 2**31 - 1, (groups, N // 8), dtype=torch.int32, device=DEV)
+    z = torch.randint(-(2**31), 2**31 - 1, (groups, N // 8), dtype=torch.int32, device=DEV)
     bias = torch.randn(N, device=DEV).half()
     return dict(a=a, b_q_weight=w, b_scales=s, b_zeros=z, b_bias=bias, size_m=M, size_n=N, size_k=K)
 
@@ -53,18 +54,24 @@ def test_marlin_gemm_bias_of_half_n():
         wt.marlin_gemm(**args)
 
 
-@pytest.mark.parametrize("field,value,text", [
-    ("size_m", 0, "a has shape (4, 1024), expected [size_m, size_k] = (0, 1024)"),
-    ("size_n", 500, "size_n=500 must be a positive multiple of 64"),
-    ("size_k", 1000, "size_k=1000 must be a positive multiple of 128"),
-    ("b_scales", "rows-1", "b_scales has 7 rows for K=1024: expected K/G rows, one of 32 (G=32), 16 (G=64), "
-                           "8 (G=128), 1 (G=-1)"),
-    ("b_scales", "float32", "b_scales has dtype float32, expected float16"),
-    ("b_q_weight", "short", "b_q_weight has shape (63, 1024), expected [size_k/16, 2 size_n] = (64, 1024)"),
-    ("b_bias", "2d", "b_bias must be 1-D [size_n], got shape (1, 512)"),
-    ("b_zeros", "int64", "b_zeros has dtype int64, expected int32"),
-    ("a", "transposed", "a must be contiguous"),
-])
+@pytest.mark.parametrize(
+    "field,value,text",
+    [
+        ("size_m", 0, "a has shape (4, 1024), expected [size_m, size_k] = (0, 1024)"),
+        ("size_n", 500, "size_n=500 must be a positive multiple of 64"),
+        ("size_k", 1000, "size_k=1000 must be a positive multiple of 128"),
+        (
+            "b_scales",
+            "rows-1",
+            "b_scales has 7 rows for K=1024: expected K/G rows, one of 32 (G=32), 16 (G=64), 8 (G=128), 1 (G=-1)",
+        ),
+        ("b_scales", "float32", "b_scales has dtype float32, expected float16"),
+        ("b_q_weight", "short", "b_q_weight has shape (63, 1024), expected [size_k/16, 2 size_n] = (64, 1024)"),
+        ("b_bias", "2d", "b_bias must be 1-D [size_n], got shape (1, 512)"),
+        ("b_zeros", "int64", "b_zeros has dtype int64, expected int32"),
+        ("a", "transposed", "a must be contiguous"),
+    ],
+)
 def test_marlin_gemm_argument_checks(field, value, text):
     args = marlin()
     t = args[field]
@@ -106,14 +113,17 @@ def test_awq_gemm_m_zero():
         wt.awq_gemm(torch.empty(0, 1024, device=DEV).half(), qw, s, qz, 0)
 
 
-@pytest.mark.parametrize("case,text", [
-    ("qzeros_rows", "qzeros has shape (7, 64), expected [K/G, N/8] = (8, 64)"),
-    ("qweight_k", "qweight has shape (1000, 64), expected [K, N/8] = (1024, 64)"),
-    ("scales_dtype", "scales has dtype bfloat16, expected float16"),
-    ("input_3d", "input must be 2-D [M, K], got shape (1, 3, 1024)"),
-    ("n_not_64", "N (scales.shape[1])=520 must be a positive multiple of 64"),
-    ("k_not_32", "K (input.shape[1])=1000 must be a positive multiple of 32"),
-])
+@pytest.mark.parametrize(
+    "case,text",
+    [
+        ("qzeros_rows", "qzeros has shape (7, 64), expected [K/G, N/8] = (8, 64)"),
+        ("qweight_k", "qweight has shape (1000, 64), expected [K, N/8] = (1024, 64)"),
+        ("scales_dtype", "scales has dtype bfloat16, expected float16"),
+        ("input_3d", "input must be 2-D [M, K], got shape (1, 3, 1024)"),
+        ("n_not_64", "N (scales.shape[1])=520 must be a positive multiple of 64"),
+        ("k_not_32", "K (input.shape[1])=1000 must be a positive multiple of 32"),
+    ],
+)
 def test_awq_gemm_argument_checks(case, text):
     qw, qz, s = awq()
     x = torch.randn(3, 1024, device=DEV).half()
@@ -133,11 +143,14 @@ def test_awq_gemm_argument_checks(case, text):
         wt.awq_gemm(x, qw, s, qz, 0)
 
 
-@pytest.mark.parametrize("case,text", [
-    ("qweight_n", "qweight has shape (1024, 32), expected [K, N/8] = (1024, 64)"),
-    ("zeros_rows", "zeros has shape (4, 64), expected [K/G, N/8] = (8, 64)"),
-    ("scales_rows", "scales has 3 rows for K=1024"),
-])
+@pytest.mark.parametrize(
+    "case,text",
+    [
+        ("qweight_n", "qweight has shape (1024, 32), expected [K, N/8] = (1024, 64)"),
+        ("zeros_rows", "zeros has shape (4, 64), expected [K/G, N/8] = (8, 64)"),
+        ("scales_rows", "scales has 3 rows for K=1024"),
+    ],
+)
 def test_awq_dequantize_argument_checks(case, text):
     qw, qz, s = awq()
     if case == "qweight_n":
@@ -163,7 +176,7 @@ def test_awq_marlin_repack_checks():
 
 def test_gptq_marlin_repack_checks():
     K, N = 256, 128
-    qg = torch.randint(-2**31, 2**31 - 1, (K // 8, N), dtype=torch.int32, device=DEV)
+    qg = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), dtype=torch.int32, device=DEV)
     perm = torch.randperm(K, device=DEV).to(torch.int32)
     with raises(ValueError, "perm has shape (128,), expected [size_k] = (256,)"):
         wt.gptq_marlin_repack(qg, perm[:128].contiguous(), K, N, 4)
@@ -178,19 +191,22 @@ def test_gptq_marlin_repack_checks():
 def test_gptq_marlin_repack_perm_values(bad):
     # a perm value past size_k made the kernel read past b_q_weight
     K, N = 256, 128
-    qg = torch.randint(-2**31, 2**31 - 1, (K // 8, N), dtype=torch.int32, device="cuda")
+    qg = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), dtype=torch.int32, device="cuda")
     perm = torch.randperm(K, device="cuda").to(torch.int32)
     perm[17] = bad
     with raises(ValueError, f"perm[17]={bad} is outside [0, size_k=256)"):
         wt.gptq_marlin_repack(qg, perm, K, N, 4)
 
 
-@pytest.mark.parametrize("args,text", [
-    ((1024, 512, 64), "s has shape (8, 512), expected [size_k/group_size, size_n] = (16, 512)"),
-    ((1024, 256, 128), "s has shape (8, 512), expected [size_k/group_size, size_n] = (8, 256)"),
-    ((1024, 512, 96), "group_size=96 is not one of 32, 64, 128, -1"),
-    ((1000, 512, 128), "size_k=1000 must be a positive multiple of 16"),
-])
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        ((1024, 512, 64), "s has shape (8, 512), expected [size_k/group_size, size_n] = (16, 512)"),
+        ((1024, 256, 128), "s has shape (8, 512), expected [size_k/group_size, size_n] = (8, 256)"),
+        ((1024, 512, 96), "group_size=96 is not one of 32, 64, 128, -1"),
+        ((1000, 512, 128), "size_k=1000 must be a positive multiple of 16"),
+    ],
+)
 def test_marlin_permute_scales_checks(args, text):
     _, _, s = awq()
     with raises(ValueError, text):
@@ -216,8 +232,10 @@ def test_permute_cols_checks():
 
 def test_awq_linear_checks():
     qw, qz, s = awq(G=64)
-    with raises(ValueError, "AWQLinear: scales has shape (16, 512), expected [K/group_size, N] for K=1024, "
-                            "group_size=128 = (8, 512)"):
+    with raises(
+        ValueError,
+        "AWQLinear: scales has shape (16, 512), expected [K/group_size, N] for K=1024, group_size=128 = (8, 512)",
+    ):
         wt.AWQLinear(qw, qz, s, None, group_size=128)
     bias = torch.randn(1, device=DEV).half()  # would broadcast over N
     with raises(ValueError, "AWQLinear: bias has shape (1,), expected [N] = (512,)"):

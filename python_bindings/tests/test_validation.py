@@ -1,11 +1,11 @@
 """Bad input from Python, without a GPU: the numpy formats and the framework-free layer raise a specific exception
 naming the argument and its value, before anything runs (no silent wrong answer, no value truncated to 32 bits).
 The torch ops' checks are in test_torch_validation.py."""
+
 import re
 
 import numpy as np
 import pytest
-
 import w4a16
 from w4a16 import formats
 
@@ -37,14 +37,17 @@ def test_pack_rejects_floats(pack):
         pack(q)
 
 
-@pytest.mark.parametrize("pack,shape,text", [
-    (formats.awq_pack, (16, 12), "N=12 must be a multiple of 8"),
-    (formats.gptq_pack, (12, 16), "K=12 must be a multiple of 8"),
-    (formats.marlin_pack, (128, 32), "N=32 must be a positive multiple of 64"),
-    (formats.marlin_pack, (128, 48), "N=48 must be a positive multiple of 64"),
-    (formats.marlin_pack, (24, 64), "K=24 must be a positive multiple of 16"),
-    (formats.awq_pack, (16,), "q must be 2-D, got shape (16,)"),
-])
+@pytest.mark.parametrize(
+    "pack,shape,text",
+    [
+        (formats.awq_pack, (16, 12), "N=12 must be a multiple of 8"),
+        (formats.gptq_pack, (12, 16), "K=12 must be a multiple of 8"),
+        (formats.marlin_pack, (128, 32), "N=32 must be a positive multiple of 64"),
+        (formats.marlin_pack, (128, 48), "N=48 must be a positive multiple of 64"),
+        (formats.marlin_pack, (24, 64), "K=24 must be a positive multiple of 16"),
+        (formats.awq_pack, (16,), "q must be 2-D, got shape (16,)"),
+    ],
+)
 def test_pack_rejects_shapes(pack, shape, text):
     with pytest.raises(ValueError, match=re.escape(text)):
         pack(np.zeros(shape, dtype=np.uint8))
@@ -79,11 +82,14 @@ def test_awq_quantize_rejects_non_finite(bad):
         formats.awq_quantize(w, 128)
 
 
-@pytest.mark.parametrize("K,G,text", [
-    (256, 48, "group_size=48 is not one of 32, 64, 128, -1"),
-    (192, 128, "K=192 is not a multiple of group_size=128"),
-    (256, 0, "group_size=0 is not one of 32, 64, 128, -1"),
-])
+@pytest.mark.parametrize(
+    "K,G,text",
+    [
+        (256, 48, "group_size=48 is not one of 32, 64, 128, -1"),
+        (192, 128, "K=192 is not a multiple of group_size=128"),
+        (256, 0, "group_size=0 is not one of 32, 64, 128, -1"),
+    ],
+)
 def test_awq_quantize_rejects_group_sizes(K, G, text):
     with pytest.raises(ValueError, match=re.escape(text)):
         formats.awq_quantize(np.ones((K, 64), dtype=np.float32), G)
@@ -125,24 +131,33 @@ def test_marlin_repack_gptq_perm_is_applied():
     assert (formats.marlin_repack_gptq(formats.gptq_pack(q), perm) == formats.marlin_pack(q[perm])).all()
 
 
-@pytest.mark.parametrize("args,text", [
-    ((np.zeros((2, 128), np.float16), 256, 64, 128), "scales has shape (2, 128), expected (2, size_n=64)"),
-    ((np.zeros((2, 128), np.float16), 512, 128, 128), "scales has shape (2, 128), expected (4, 128)"),
-    ((np.zeros((1, 32), np.float16), 256, 32, -1), "size_n=32 must be a positive multiple of 64"),
-    ((np.zeros((2, 64), np.float16), 256, 64, 96), "group_size=96 is not one of 32, 64, 128, -1"),
-    ((np.zeros((2, 64), np.int32), 256, 64, 128), "scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got int32"),
-])
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        ((np.zeros((2, 128), np.float16), 256, 64, 128), "scales has shape (2, 128), expected (2, size_n=64)"),
+        ((np.zeros((2, 128), np.float16), 512, 128, 128), "scales has shape (2, 128), expected (4, 128)"),
+        ((np.zeros((1, 32), np.float16), 256, 32, -1), "size_n=32 must be a positive multiple of 64"),
+        ((np.zeros((2, 64), np.float16), 256, 64, 96), "group_size=96 is not one of 32, 64, 128, -1"),
+        (
+            (np.zeros((2, 64), np.int32), 256, 64, 128),
+            "scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got int32",
+        ),
+    ],
+)
 def test_marlin_permute_scales_checks_sizes(args, text):
     with pytest.raises((ValueError, TypeError), match=re.escape(text)):
         formats.marlin_permute_scales(*args)
 
 
-@pytest.mark.parametrize("qz,groups,size_n,text", [
-    (np.zeros((2, 16), np.int32), 2, 64, "qzeros has shape (2, 16), expected (2, size_n/8=8)"),
-    (np.zeros((2, 8), np.int32), 3, 64, "qzeros has shape (2, 8), expected (3, size_n/8=8)"),
-    (np.zeros((2, 4), np.int32), 2, 32, "size_n=32 must be a positive multiple of 64"),
-    (np.zeros((2, 8), np.int64), 2, 64, "qzeros must be an int32 or uint32 array, got int64"),
-])
+@pytest.mark.parametrize(
+    "qz,groups,size_n,text",
+    [
+        (np.zeros((2, 16), np.int32), 2, 64, "qzeros has shape (2, 16), expected (2, size_n/8=8)"),
+        (np.zeros((2, 8), np.int32), 3, 64, "qzeros has shape (2, 8), expected (3, size_n/8=8)"),
+        (np.zeros((2, 4), np.int32), 2, 32, "size_n=32 must be a positive multiple of 64"),
+        (np.zeros((2, 8), np.int64), 2, 64, "qzeros must be an int32 or uint32 array, got int64"),
+    ],
+)
 def test_awq_to_marlin_zero_points_checks_sizes(qz, groups, size_n, text):
     with pytest.raises((ValueError, TypeError), match=re.escape(text)):
         formats.awq_to_marlin_zero_points(qz, groups, size_n)
@@ -162,15 +177,37 @@ def test_awq_dequantize_checks_shapes():
 # ---------------------------------------------------------------- framework-free layer (ctypes)
 def gemm_args(**kw):
     """Positional arguments of awq_gemm / marlin_gemm (the same order), the ones named in kw replaced."""
-    a = dict(A=FAKE, qweight=FAKE, scales=FAKE, qzeros=FAKE, bias=0, C=FAKE, M=1, N=64, K=128, group_size=128,
-             dtype=w4a16.FP16, workspace=0, workspace_bytes=0)
+    a = dict(
+        A=FAKE,
+        qweight=FAKE,
+        scales=FAKE,
+        qzeros=FAKE,
+        bias=0,
+        C=FAKE,
+        M=1,
+        N=64,
+        K=128,
+        group_size=128,
+        dtype=w4a16.FP16,
+        workspace=0,
+        workspace_bytes=0,
+    )
     assert set(kw) <= set(a)
     a.update(kw)
     return list(a.values())
 
 
-@pytest.mark.parametrize("name,value", [("N", 2**32 + 512), ("M", 2**31), ("K", 2**32 + 128),
-                                        ("group_size", 2**32 + 64), ("dtype", 2**32), ("M", -2**31 - 1)])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("N", 2**32 + 512),
+        ("M", 2**31),
+        ("K", 2**32 + 128),
+        ("group_size", 2**32 + 64),
+        ("dtype", 2**32),
+        ("M", -(2**31) - 1),
+    ],
+)
 def test_sizes_past_32_bits_are_refused(name, value):
     # group_size=48 (rejected by the library) would make a truncated call fail too: only an overflow report passes
     kw = {"group_size": 48, name: value}
@@ -188,14 +225,17 @@ def test_flags_and_workspace_bytes_are_not_wrapped():
     assert e.value.status == 8 and "workspace_bytes=-1 is negative" in e.value.detail
 
 
-@pytest.mark.parametrize("name,value,text", [
-    ("N", 64.0, "N must be an integer, got float 64.0"),
-    ("M", "1", "M must be an integer, got str '1'"),
-    ("K", True, "K must be an integer, got bool True"),
-    ("A", 1.5, "A must be a device address (int) or None, got float 1.5"),
-    ("qweight", -16, "qweight=-16 is not an address"),
-    ("C", 2**64, f"C={2**64} is not an address"),
-])
+@pytest.mark.parametrize(
+    "name,value,text",
+    [
+        ("N", 64.0, "N must be an integer, got float 64.0"),
+        ("M", "1", "M must be an integer, got str '1'"),
+        ("K", True, "K must be an integer, got bool True"),
+        ("A", 1.5, "A must be a device address (int) or None, got float 1.5"),
+        ("qweight", -16, "qweight=-16 is not an address"),
+        ("C", 2**64, f"C={2**64} is not an address"),
+    ],
+)
 def test_argument_types(name, value, text):
     with pytest.raises((TypeError, w4a16.W4A16Error), match=re.escape(text)):
         w4a16.awq_gemm(*gemm_args(**{name: value}))
@@ -264,7 +304,7 @@ def test_act_order_plan_blocks_lie_in_one_group():
     real = row_src[row_src >= 0]
     assert sorted(real.tolist()) == list(range(K))  # every source row exactly once
     for b in range(Kp // 32):
-        rows = row_src[32 * b: 32 * b + 32]
+        rows = row_src[32 * b : 32 * b + 32]
         assert (g_idx[rows[rows >= 0]] == block_group[b]).all()
     with pytest.raises(w4a16.W4A16Error) as e:
         w4a16.act_order_plan(g_idx, 4)

@@ -7,6 +7,7 @@ that they were called. The adapter installs over them, and an expert layer is ru
 runs it (vLLM-sized routing buffers, poisoned intermediate caches passed as c_or_none, the Marlin-ordered bias,
 mul_topk_weights on the second GEMM); the output must match an fp32 reference computed per expert from the
 checkpoint tensors."""
+
 import glob
 import json
 import os
@@ -24,8 +25,11 @@ from w4a16.engines import _common  # noqa: E402
 from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-RECORDS = [r for r in sorted(glob.glob(os.path.join(ROOT, "tests", "engines", "schemas", "vllm-*.json")))
-           if (g := adapter_mod.generation_named(json.load(open(r))["version"])) is not None and g.moe is not None]
+RECORDS = [
+    r
+    for r in sorted(glob.glob(os.path.join(ROOT, "tests", "engines", "schemas", "vllm-*.json")))
+    if (g := adapter_mod.generation_named(json.load(open(r))["version"])) is not None and g.moe is not None
+]
 MOE = adapter_mod.Generation.MOE
 _libs = []
 
@@ -48,6 +52,7 @@ class StandIn:
         def kernel(*args):
             self.calls.append(name)
             raise RuntimeError(f"stand-in vLLM kernel {name} reached")
+
         return kernel
 
     def moe_gemm(self, **values):
@@ -63,8 +68,12 @@ def env(request):
     record = json.load(open(request.param))
     s = StandIn(record, record["version"].replace(".", "_"))
     adapter_mod.uninstall()
-    a = adapter_mod.install(record["version"], namespace=s.ns, moe_namespace=s.moe_ns,
-                            type_ids={"uint4": s.ids["uint4"], "uint4b8": s.ids["uint4b8"]})
+    a = adapter_mod.install(
+        record["version"],
+        namespace=s.ns,
+        moe_namespace=s.moe_ns,
+        type_ids={"uint4": s.ids["uint4"], "uint4b8": s.ids["uint4b8"]},
+    )
     assert a is not None and a.serves_moe
     s.adapter = a
     yield s
@@ -87,8 +96,13 @@ def _experts(kind, E, K, N, G, dtype, rng):
             ws.append(formats.marlin_repack_gptq(formats.gptq_pack(q)))
             ref.append((q.astype(np.float32) - 8) * np.repeat(s, G, axis=0))
         ss.append(formats.marlin_permute_scales(s, K, N, G))
-    cuda = lambda xs, dt=None: torch.from_numpy(np.stack(xs)).to(dt).cuda() if dt else torch.from_numpy(  # noqa: E731
-        np.stack(xs)).cuda()
+    cuda = lambda xs, dt=None: (
+        torch.from_numpy(np.stack(xs)).to(dt).cuda()
+        if dt
+        else torch.from_numpy(  # noqa: E731
+            np.stack(xs)
+        ).cuda()
+    )
     return cuda(ws), cuda(ss, dtype), (cuda(zs) if kind == "awq" else None), torch.from_numpy(np.stack(ref)).cuda()
 
 
@@ -116,26 +130,61 @@ def test_vllm_moe_layer_vs_fp32(env, kind, dtype, T, E, bias):
     expert_full = torch.empty(max((cap + block - 1) // block, wblocks), dtype=torch.int32, device="cuda")
     npp = torch.empty(1, dtype=torch.int32, device="cuda")
     moe.moe_align_block_size(ids, E, block, sorted_full, expert_full, npp)
-    sorted_ids, expert_ids = sorted_full[:cap], expert_full[:(cap + block - 1) // block]
+    sorted_ids, expert_ids = sorted_full[:cap], expert_full[: (cap + block - 1) // block]
     assert int(npp) <= cap
     cache13 = torch.full((T * top_k * max(2 * inter, H),), float("nan"), device="cuda", dtype=dtype)
     type_id = env.ids["uint4" if kind == "awq" else "uint4b8"]
-    common = dict(a_scales=None, global_scale=None, workspace=torch.zeros(64, dtype=torch.int32, device="cuda"),
-                  sorted_token_ids=sorted_ids, expert_ids=expert_ids, num_tokens_past_padded=npp, topk_weights=tw,
-                  moe_block_size=block, b_type_id=type_id, use_atomic_add=False, use_fp32_reduce=True,
-                  is_zp_float=False, thread_k=-1, thread_n=-1, blocks_per_sm=-1)
-    perm_bias = (lambda b: None if b is None else _common.marlin_bias_unpermute(b))  # the order is its own inverse
+    common = dict(
+        a_scales=None,
+        global_scale=None,
+        workspace=torch.zeros(64, dtype=torch.int32, device="cuda"),
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_past_padded=npp,
+        topk_weights=tw,
+        moe_block_size=block,
+        b_type_id=type_id,
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+        thread_k=-1,
+        thread_n=-1,
+        blocks_per_sm=-1,
+    )
+    perm_bias = lambda b: None if b is None else _common.marlin_bias_unpermute(b)  # the order is its own inverse
     c1 = cache13[: T * top_k * 2 * inter].view(T * top_k, 2 * inter)
-    h = env.moe_gemm(a=x, c_or_none=c1, b_q_weight=w13, b_bias_or_none=perm_bias(b13), b_scales=s13,
-                     b_zeros_or_none=z13, top_k=top_k, mul_topk_weights=False, size_m=T, size_n=2 * inter, size_k=H,
-                     **common)
+    h = env.moe_gemm(
+        a=x,
+        c_or_none=c1,
+        b_q_weight=w13,
+        b_bias_or_none=perm_bias(b13),
+        b_scales=s13,
+        b_zeros_or_none=z13,
+        top_k=top_k,
+        mul_topk_weights=False,
+        size_m=T,
+        size_n=2 * inter,
+        size_k=H,
+        **common,
+    )
     assert h.data_ptr() == c1.data_ptr() and not torch.isnan(h).any(), "every pair's row written in place"
     act = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).contiguous()
     c3 = cache13[: T * top_k * H].view(T * top_k, H)
     c3.fill_(float("nan"))
-    y = env.moe_gemm(a=act, c_or_none=c3, b_q_weight=w2, b_bias_or_none=perm_bias(b2), b_scales=s2,
-                     b_zeros_or_none=z2, top_k=1, mul_topk_weights=True, size_m=T * top_k, size_n=H, size_k=inter,
-                     **common)
+    y = env.moe_gemm(
+        a=act,
+        c_or_none=c3,
+        b_q_weight=w2,
+        b_bias_or_none=perm_bias(b2),
+        b_scales=s2,
+        b_zeros_or_none=z2,
+        top_k=1,
+        mul_topk_weights=True,
+        size_m=T * top_k,
+        size_n=H,
+        size_k=inter,
+        **common,
+    )
     out = y.view(T, top_k, H).sum(dim=1)
     torch.cuda.synchronize()
     assert env.calls == [] and env.adapter.fell_back.get(MOE) is None

@@ -6,6 +6,7 @@ namespace of their own with exactly the recorded schemas; their CUDA kernels (th
 they were called. The adapter installs over them as it would over vLLM's `_C`, the layer set (AWQ and GPTQ, with and
 without bias, fp16 and bf16, act-order for the 0.15 generation) is prepared the way vLLM's layer code prepares it,
 and the outputs match fp32 references computed from the checkpoint tensors."""
+
 import glob
 import json
 import os
@@ -50,6 +51,7 @@ class StandIn:
         def kernel(*args):
             self.calls.append(name)
             return self._meta(name)(*args)
+
         return kernel
 
     def _meta(self, name):
@@ -64,6 +66,7 @@ class StandIn:
             if name == "awq_gemm":
                 return args[0].new_full((args[0].shape[0], args[2].shape[1]), float("nan"))
             return args[1].new_full((args[0].shape[0], args[1].shape[1]), float("nan"))
+
         return meta
 
     def call(self, op, **values):
@@ -79,8 +82,9 @@ def env(request):
     standin = StandIn(record, ns)
     adapter_mod.uninstall()
     ids = record["scalar_type_ids"]
-    adapter = adapter_mod.install(record["version"], namespace=ns,
-                                  type_ids={"uint4": ids["uint4"], "uint4b8": ids["uint4b8"]})
+    adapter = adapter_mod.install(
+        record["version"], namespace=ns, type_ids={"uint4": ids["uint4"], "uint4b8": ids["uint4b8"]}
+    )
     assert adapter is not None, "the adapter refused the recorded schemas"
     assert adapter.generation is standin.gen
     yield standin, adapter
@@ -94,19 +98,37 @@ def _old(standin):
 def _gemm(standin, a, w, bias, s, zeros, type_name, M, N, K, g_idx=None, perm=None, is_k_full=True, a_scales=None):
     empty = torch.empty(0, dtype=torch.int32, device="cuda")
     tid = standin.ids[type_name]
-    return standin.call("gemm", a=a, c_or_none=None, b_q_weight=w, b_bias_or_none=bias, b_scales=s, a_scales=a_scales,
-                        global_scale=None, b_zeros_or_none=zeros if zeros is not None else empty,
-                        g_idx_or_none=empty if g_idx is None else g_idx, perm_or_none=empty if perm is None else perm,
-                        workspace=torch.zeros(1024, dtype=torch.int32, device="cuda"), b_type_id=tid, b_q_type=tid,
-                        size_m=M, size_n=N, size_k=K, is_k_full=is_k_full, use_atomic_add=False, use_fp32_reduce=True,
-                        is_zp_float=False)
+    return standin.call(
+        "gemm",
+        a=a,
+        c_or_none=None,
+        b_q_weight=w,
+        b_bias_or_none=bias,
+        b_scales=s,
+        a_scales=a_scales,
+        global_scale=None,
+        b_zeros_or_none=zeros if zeros is not None else empty,
+        g_idx_or_none=empty if g_idx is None else g_idx,
+        perm_or_none=empty if perm is None else perm,
+        workspace=torch.zeros(1024, dtype=torch.int32, device="cuda"),
+        b_type_id=tid,
+        b_q_type=tid,
+        size_m=M,
+        size_n=N,
+        size_k=K,
+        is_k_full=is_k_full,
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+    )
 
 
 def _repack_gptq(standin, q, perm, K, N, num_bits=4, is_a_8bit=False):
     assert perm is None or _old(standin)
     p = perm if perm is not None else torch.empty(0, dtype=torch.int32, device="cuda")
-    return standin.call("gptq_marlin_repack", b_q_weight=q, perm=p, size_k=K, size_n=N, num_bits=num_bits,
-                        is_a_8bit=is_a_8bit)
+    return standin.call(
+        "gptq_marlin_repack", b_q_weight=q, perm=p, size_k=K, size_n=N, num_bits=num_bits, is_a_8bit=is_a_8bit
+    )
 
 
 def _repack_awq(standin, qw, K, N):
@@ -163,7 +185,7 @@ def test_gptq_layer(env, dtype, bias, act_order):
     K, N, G, M = 1024, 256, 128, 8
     rng = np.random.default_rng(7 + act_order)
     q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
-    scales = (rng.random((K // G, N)).astype(np.float32) * 0.01 + 0.002)
+    scales = rng.random((K // G, N)).astype(np.float32) * 0.01 + 0.002
     g_idx = (rng.permutation(K) // G if act_order else np.arange(K) // G).astype(np.int32)
     deq = (q.astype(np.float32) - 8) * torch.from_numpy(scales).to(dtype).float().numpy()[g_idx]
     perm = None
@@ -202,12 +224,12 @@ def test_unsupported_calls_reach_vllms_kernel(env):
     if "a_scales" in standin.names(gemm):
         _gemm(standin, x, w, None, s, z, "uint4", 4, N, K, a_scales=torch.ones(4, device="cuda"))  # W4A8
         want.append(gemm)
-    _gemm(standin, x, w, None, s, None, "uint8b128", 4, N, K)                                       # 8-bit
+    _gemm(standin, x, w, None, s, None, "uint8b128", 4, N, K)  # 8-bit
     q = torch.zeros(K // 8, N, dtype=torch.int32, device="cuda")
-    _repack_gptq(standin, q, None, K, N, num_bits=8)                                                # 8-bit
+    _repack_gptq(standin, q, None, K, N, num_bits=8)  # 8-bit
     want += [gemm, "gptq_marlin_repack"]
     if "is_a_8bit" in standin.names("gptq_marlin_repack"):
-        _repack_gptq(standin, q, None, K, N, is_a_8bit=True)                                        # W4A8 layout
+        _repack_gptq(standin, q, None, K, N, is_a_8bit=True)  # W4A8 layout
         want.append("gptq_marlin_repack")
     torch.cuda.synchronize()
     assert standin.calls == want
@@ -234,6 +256,7 @@ def test_compile_fullgraph_and_cuda_graph(env):
     compiled = torch.compile(forward, fullgraph=True)
     assert _rel(compiled(x), eager.float()) < 1e-3
     import w4a16.torch as wt
+
     wt.prepare()
     static_x = x.clone()
     stream = torch.cuda.Stream()
@@ -263,8 +286,9 @@ def test_awq_plain_ops(env, dtype):
     w = torch.from_numpy(formats.awq_dequantize(qw, qz, sc.float().cpu().numpy(), G)).cuda().to(dtype)
     x = torch.randn(M, K, device="cuda").to(dtype)
     y = standin.call("awq_gemm", _in_feats=x, _kernel=_t(qw), _scaling_factors=sc, _zeros=_t(qz), split_k_iters=8)
-    d = standin.call("awq_dequantize", _kernel=_t(qw), _scaling_factors=sc, _zeros=_t(qz), split_k_iters=0, thx=0,
-                     thy=0)
+    d = standin.call(
+        "awq_dequantize", _kernel=_t(qw), _scaling_factors=sc, _zeros=_t(qz), split_k_iters=0, thx=0, thy=0
+    )
     torch.cuda.synchronize()
     assert standin.calls == []
     assert _rel(y, x.float() @ w.float()) < (2e-2 if dtype == torch.bfloat16 else 5e-3)

@@ -1,4 +1,6 @@
-"""python -m w4a16: the same report as w4a16-doctor, from Python, with a self-test of both paths when PyTorch is\nthere (exit 0 when every GPU is usable and passes)."""
+"""python -m w4a16: the same report as w4a16-doctor, from Python, with a self-test of both paths when PyTorch is
+there (exit 0 when every GPU is usable and passes)."""
+
 import sys
 
 from . import W4A16Error, compiled_archs, device_info, library_path, version
@@ -11,17 +13,26 @@ def self_test(device):
     except ImportError:
         return None
     from . import torch as wt
+
     with torch.cuda.device(device):
         g = torch.Generator(device="cuda").manual_seed(1)
         K, N, G, M = 512, 256, 128, 3
-        qw = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda", generator=g)
-        qz = torch.randint(-2**31, 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda", generator=g)
+        qw = torch.randint(-(2**31), 2**31 - 1, (K, N // 8), dtype=torch.int32, device="cuda", generator=g)
+        qz = torch.randint(-(2**31), 2**31 - 1, (K // G, N // 8), dtype=torch.int32, device="cuda", generator=g)
         s = (torch.rand((K // G, N), device="cuda", generator=g) * 0.01 + 0.005).half()
         x = torch.randn((M, K), device="cuda", generator=g).half()
         ref = x.float() @ wt.awq_dequantize(qw, s, qz, 0, 0, 0).float()
         y1 = wt.awq_gemm(x, qw, s, qz, 0)
-        y2 = wt.marlin_gemm(x, wt.awq_marlin_repack(qw, K, N, 4), wt.marlin_permute_scales(s, K, N, G),
-                            wt.awq_to_marlin_zero_points(qz, K // G, N, 4), None, M, N, K)
+        y2 = wt.marlin_gemm(
+            x,
+            wt.awq_marlin_repack(qw, K, N, 4),
+            wt.marlin_permute_scales(s, K, N, G),
+            wt.awq_to_marlin_zero_points(qz, K // G, N, 4),
+            None,
+            M,
+            N,
+            K,
+        )
         rel = lambda y: ((y.float() - ref).norm() / ref.norm()).item()
         return rel(y1), rel(y2)
 
@@ -41,9 +52,11 @@ def main():
             info = device_info(d)
         except W4A16Error:
             break
-        print(f"GPU {d}: {info['name']}, compute capability {info['cc_major']}.{info['cc_minor']}, "
-              f"{info['sm_count']} SMs, {info['smem_per_block_optin'] // 1024} KB shared memory per block, "
-              f"{'native SASS' if info['native_sass'] else 'no native SASS'}")
+        print(
+            f"GPU {d}: {info['name']}, compute capability {info['cc_major']}.{info['cc_minor']}, "
+            f"{info['sm_count']} SMs, {info['smem_per_block_optin'] // 1024} KB shared memory per block, "
+            f"{'native SASS' if info['native_sass'] else 'no native SASS'}"
+        )
         print(f"  {info['reason']}")
         passed = bool(info["supported"])
         if passed:
@@ -52,8 +65,10 @@ def main():
                 print("  self-test skipped: it needs PyTorch (build/w4a16-doctor self-tests without it)")
             else:
                 passed = errs[0] < 1e-2 and errs[1] < 1e-2
-                print(f"  self-test {'passed' if passed else 'FAILED'}: awq rel err {errs[0]:.1e}, "
-                      f"marlin rel err {errs[1]:.1e} (limit 1e-2)")
+                print(
+                    f"  self-test {'passed' if passed else 'FAILED'}: awq rel err {errs[0]:.1e}, "
+                    f"marlin rel err {errs[1]:.1e} (limit 1e-2)"
+                )
         ok += passed
         d += 1
     print(f"verdict: {'OK' if ok == d else 'NOT USABLE'} - w4a16 runs on {ok} of {d} GPU(s)")

@@ -4,9 +4,10 @@ ctypes converts silently: an int past 32 bits loses its high bits (N = 2**32 + 5
 size_t or address wraps around, and a float or a tensor fails with an unnamed positional error. Each argument is
 checked here against its C type and reported with its name and value: TypeError for a value of the wrong kind,
 BadArgument (turned into W4A16Error by the caller, with the status the library uses) for an int out of range."""
+
 import operator
 
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 UINT32_MAX, UINT64_MAX = 2**32 - 1, 2**64 - 1
 
 # status codes of w4a16.h used here
@@ -34,8 +35,9 @@ def integer(call, name, value):
 def int32(call, name, value):
     v = integer(call, name, value)
     if not INT32_MIN <= v <= INT32_MAX:
-        raise BadArgument(ERR_SIZE_OVERFLOW, f"{name}={v} does not fit the C API's 32-bit int "
-                                             f"[{INT32_MIN}, {INT32_MAX}]")
+        raise BadArgument(
+            ERR_SIZE_OVERFLOW, f"{name}={v} does not fit the C API's 32-bit int [{INT32_MIN}, {INT32_MAX}]"
+        )
     return v
 
 
@@ -67,8 +69,7 @@ def address(call, name, value):
         except TypeError:
             v = None
     if v is None:
-        raise TypeError(f"{call}: {name} must be a device address (int) or None, got {type(value).__name__} "
-                        f"{value!r}")
+        raise TypeError(f"{call}: {name} must be a device address (int) or None, got {type(value).__name__} {value!r}")
     if not 0 <= v <= UINT64_MAX:
         raise BadArgument(ERR_INVALID_VALUE, f"{name}={v} is not an address")
     return v or None
@@ -103,6 +104,7 @@ def host_int32_array(call, name, values):
     """A host array of int32 values (numpy int32, C-contiguous) from any 1-D integer sequence; raises TypeError /
     ValueError naming the first value that does not fit."""
     import numpy as np
+
     a = np.asarray(values)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{call}: {name} must be an integer array, got {a.dtype}")

@@ -4,6 +4,7 @@ Each tensor is checked for type, dtype, rank, contiguity and shape against the s
 then all of them for device (CUDA, the same one) and alignment, so that no op reads past a tensor or runs on a
 shape it misreads. Failures raise TypeError (not a tensor) or ValueError naming the argument and its value.
 Shapes are checked before devices, so these checks can be exercised with CPU tensors."""
+
 import torch
 
 FLOATS = (torch.float16, torch.bfloat16)
@@ -94,8 +95,9 @@ def devices(op, named, align=None):
             _fail(op, f"{name} is on {t.device} but {first[0]} on {first[1]}: all tensors must be on one device")
         a = (align or {}).get(name, 16)
         if t.numel() and t.data_ptr() % a:
-            _fail(op, f"{name} at address {t.data_ptr():#x} is not {a}-byte aligned (storage offset "
-                      f"{t.storage_offset()})")
+            _fail(
+                op, f"{name} at address {t.data_ptr():#x} is not {a}-byte aligned (storage offset {t.storage_offset()})"
+            )
 
 
 def num_bits(op, n):
@@ -229,8 +231,11 @@ def marlin_gemm(a, b_q_weight, b_scales, b_zeros, b_bias, size_m, size_n, size_k
     if b_bias is not None:
         tensor(op, "b_bias", b_bias, a.dtype, 1, "[size_n]")
         shape(op, "b_bias", b_bias, (size_n,), "[size_n]")
-    devices(op, {"a": a, "b_q_weight": b_q_weight, "b_scales": b_scales, "b_zeros": b_zeros, "b_bias": b_bias},
-            {"b_bias": 4})
+    devices(
+        op,
+        {"a": a, "b_q_weight": b_q_weight, "b_scales": b_scales, "b_zeros": b_zeros, "b_bias": b_bias},
+        {"b_bias": 4},
+    )
     return G
 
 

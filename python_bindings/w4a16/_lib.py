@@ -5,6 +5,7 @@ checkout (so that a stale copy left in the source tree never shadows the fresh b
 the wheel puts it), then by the system loader (libw4a16.so.0). It is loaded on first use, not at import, so that
 `w4a16.formats` (numpy only) works without it.
 Every non-OK status raises W4A16Error carrying the library's own message."""
+
 import ctypes
 import os
 import threading
@@ -19,11 +20,23 @@ FLAG_REDUCE_IN_DTYPE, FLAG_PDL = 1, 2
 
 # Mirrors W4A16_STATUS_LIST in include/w4a16.h (values never change meaning); the sentences come from the library.
 STATUS_NAMES = {
-    0: "W4A16_OK", 1: "W4A16_ERR_NULL_POINTER", 2: "W4A16_ERR_MISALIGNED", 3: "W4A16_ERR_INVALID_SHAPE",
-    4: "W4A16_ERR_UNSUPPORTED_GROUP_SIZE", 5: "W4A16_ERR_UNSUPPORTED_DTYPE", 6: "W4A16_ERR_WORKSPACE_TOO_SMALL",
-    7: "W4A16_ERR_SIZE_OVERFLOW", 8: "W4A16_ERR_INVALID_VALUE", 20: "W4A16_ERR_NO_DEVICE",
-    21: "W4A16_ERR_DRIVER_TOO_OLD", 22: "W4A16_ERR_ARCH_UNSUPPORTED", 23: "W4A16_ERR_PROFILE_UNAVAILABLE",
-    24: "W4A16_ERR_CUDA", 25: "W4A16_ERR_LAUNCH_FAILED", 26: "W4A16_ERR_NOT_IMPLEMENTED", 40: "W4A16_ERR_INTERNAL",
+    0: "W4A16_OK",
+    1: "W4A16_ERR_NULL_POINTER",
+    2: "W4A16_ERR_MISALIGNED",
+    3: "W4A16_ERR_INVALID_SHAPE",
+    4: "W4A16_ERR_UNSUPPORTED_GROUP_SIZE",
+    5: "W4A16_ERR_UNSUPPORTED_DTYPE",
+    6: "W4A16_ERR_WORKSPACE_TOO_SMALL",
+    7: "W4A16_ERR_SIZE_OVERFLOW",
+    8: "W4A16_ERR_INVALID_VALUE",
+    20: "W4A16_ERR_NO_DEVICE",
+    21: "W4A16_ERR_DRIVER_TOO_OLD",
+    22: "W4A16_ERR_ARCH_UNSUPPORTED",
+    23: "W4A16_ERR_PROFILE_UNAVAILABLE",
+    24: "W4A16_ERR_CUDA",
+    25: "W4A16_ERR_LAUNCH_FAILED",
+    26: "W4A16_ERR_NOT_IMPLEMENTED",
+    40: "W4A16_ERR_INTERNAL",
 }
 
 
@@ -48,7 +61,7 @@ def _candidates():
         yield env
         return
     repo = os.path.normpath(os.path.join(_HERE, "..", ".."))
-    if os.path.exists(os.path.join(repo, "include", "w4a16.h")):   # running from a checkout
+    if os.path.exists(os.path.join(repo, "include", "w4a16.h")):  # running from a checkout
         yield os.path.join(repo, "build", "libw4a16.so")
     for name in sorted(os.listdir(_HERE)):
         if name.startswith("libw4a16.so"):
@@ -65,7 +78,8 @@ def _load():
             errors.append(f"{path}: {e}")
     raise LibraryNotFound(
         "w4a16: could not load libw4a16.so. Build it with `make` in the w4a16 checkout and `pip install "
-        "./python_bindings`, or point W4A16_LIBRARY at the library. Tried:\n  " + "\n  ".join(errors))
+        "./python_bindings`, or point W4A16_LIBRARY at the library. Tried:\n  " + "\n  ".join(errors)
+    )
 
 
 class _Pending:
@@ -145,10 +159,9 @@ for _name, _args in _SIGS.items():
     getattr(_lib, _name).restype = _c.c_int
 # The arguments' names, in the C order, for the checks at the ctypes boundary (w4a16._checks) and their messages.
 _NAMES = {
-    "w4a16_awq_gemm_ex": "A qweight scales qzeros bias C M N K group_size dtype workspace workspace_bytes flags "
-                         "stream",
+    "w4a16_awq_gemm_ex": "A qweight scales qzeros bias C M N K group_size dtype workspace workspace_bytes flags stream",
     "w4a16_marlin_gemm_ex": "A weight scales zeros bias C M N K group_size dtype workspace workspace_bytes flags "
-                            "stream",
+    "stream",
     "w4a16_awq_dequantize": "qweight scales qzeros W K N group_size dtype stream",
     "w4a16_marlin_repack_awq": "qweight out K N stream",
     "w4a16_marlin_repack_gptq": "qweight perm out K N stream",
@@ -164,10 +177,20 @@ _KINDS = {_c.c_int: "int", _c.c_uint: "uint", _c.c_size_t: "size", _c.c_void_p: 
 
 class DeviceInfo(ctypes.Structure):
     _fields_ = [
-        ("device", _c.c_int), ("name", _c.c_char * 128), ("cc_major", _c.c_int), ("cc_minor", _c.c_int),
-        ("sm_count", _c.c_int), ("smem_per_block_optin", _c.c_size_t), ("l2_bytes", _c.c_size_t),
-        ("driver_version", _c.c_int), ("runtime_version", _c.c_int), ("profile", _c.c_char * 32),
-        ("native_sass", _c.c_int), ("supported", _c.c_int), ("status", _c.c_int), ("reason", _c.c_char * 256),
+        ("device", _c.c_int),
+        ("name", _c.c_char * 128),
+        ("cc_major", _c.c_int),
+        ("cc_minor", _c.c_int),
+        ("sm_count", _c.c_int),
+        ("smem_per_block_optin", _c.c_size_t),
+        ("l2_bytes", _c.c_size_t),
+        ("driver_version", _c.c_int),
+        ("runtime_version", _c.c_int),
+        ("profile", _c.c_char * 32),
+        ("native_sass", _c.c_int),
+        ("supported", _c.c_int),
+        ("status", _c.c_int),
+        ("reason", _c.c_char * 256),
     ]
 
 
@@ -262,16 +285,50 @@ def _call(name, *args):
 # ---- raw operations: pointers and streams are ints (0 / None = NULL / default stream); sizes must fit the C API's
 # 32-bit int (W4A16Error W4A16_ERR_SIZE_OVERFLOW otherwise, never truncated)
 # flags: FLAG_REDUCE_IN_DTYPE | FLAG_PDL (the *_ex entry points of w4a16.h; 0 is the plain call)
-def awq_gemm(A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
-             flags=0):
-    _call("w4a16_awq_gemm_ex", A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace,
-          workspace_bytes, flags, stream)
+def awq_gemm(
+    A, qweight, scales, qzeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0, flags=0
+):
+    _call(
+        "w4a16_awq_gemm_ex",
+        A,
+        qweight,
+        scales,
+        qzeros,
+        bias,
+        C,
+        M,
+        N,
+        K,
+        group_size,
+        dtype,
+        workspace,
+        workspace_bytes,
+        flags,
+        stream,
+    )
 
 
-def marlin_gemm(A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0,
-                flags=0):
-    _call("w4a16_marlin_gemm_ex", A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace,
-          workspace_bytes, flags, stream)
+def marlin_gemm(
+    A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes, stream=0, flags=0
+):
+    _call(
+        "w4a16_marlin_gemm_ex",
+        A,
+        weight,
+        scales,
+        zeros,
+        bias,
+        C,
+        M,
+        N,
+        K,
+        group_size,
+        dtype,
+        workspace,
+        workspace_bytes,
+        flags,
+        stream,
+    )
 
 
 def awq_dequantize(qweight, scales, qzeros, W, K, N, group_size, dtype, stream=0):
@@ -310,6 +367,7 @@ def act_order_sort(g_idx, group_size):
     (is_k_full); W4A16Error W4A16_ERR_NOT_IMPLEMENTED when a group does not hold group_size rows (use
     act_order_plan), W4A16_ERR_INVALID_VALUE for a g_idx value outside [0, K/G)."""
     import numpy as np
+
     g = _checks.host_int32_array("w4a16_act_order_sort", "g_idx", g_idx)
     perm, sorted_g = np.empty_like(g), np.empty_like(g)
     _call("w4a16_act_order_sort", g.ctypes.data, len(g), group_size, perm.ctypes.data, sorted_g.ctypes.data)
@@ -321,10 +379,19 @@ def act_order_plan(g_idx, groups):
     [K_padded], the source row of each padded row or -1 (K_padded = len(row_src), a multiple of 128), and
     block_group int32 [K_padded/32], the group of each 32-row block. See w4a16_act_order_plan in w4a16.h."""
     import numpy as np
+
     g = _checks.host_int32_array("w4a16_act_order_plan", "g_idx", g_idx)
     kp = ctypes.c_int()
     _call("w4a16_act_order_plan", g.ctypes.data, len(g), groups, None, 0, ctypes.addressof(kp), None)
     row_src, block_group = np.empty(kp.value, np.int32), np.empty(kp.value // 32, np.int32)
-    _call("w4a16_act_order_plan", g.ctypes.data, len(g), groups, row_src.ctypes.data, kp.value,
-          ctypes.addressof(kp), block_group.ctypes.data)
+    _call(
+        "w4a16_act_order_plan",
+        g.ctypes.data,
+        len(g),
+        groups,
+        row_src.ctypes.data,
+        kp.value,
+        ctypes.addressof(kp),
+        block_group.ctypes.data,
+    )
     return row_src, block_group

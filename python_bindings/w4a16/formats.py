@@ -6,12 +6,13 @@ check these against hand-computed words).
 Every function checks its arguments as the library does (values 0..15 in integer arrays, 32-bit words, N a multiple
 of 64 and K of 16 where the library needs it, group sizes 32 / 64 / 128 / -1, tensor shapes against the sizes) and
 raises TypeError or ValueError naming the argument and its value, instead of masking, truncating or reshaping."""
+
 import numbers
 
 import numpy as np
 
-AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])   # nibble i of a word holds column 8c + AWQ_ORDER[i]
-AWQ_REVERSE = np.argsort(AWQ_ORDER)               # column j sits in nibble AWQ_REVERSE[j]
+AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # nibble i of a word holds column 8c + AWQ_ORDER[i]
+AWQ_REVERSE = np.argsort(AWQ_ORDER)  # column j sits in nibble AWQ_REVERSE[j]
 
 
 GROUP_SIZES = (32, 64, 128, -1)  # what libw4a16 runs (a group size equal to K means one group, like -1)
@@ -137,8 +138,11 @@ def awq_quantize(w, group_size=128):
     finite = np.isfinite(w)
     if not finite.all():
         r, c = np.argwhere(~finite)[0]
-        _fail(fn, f"w[{r}, {c}]={w[r, c]} is not finite ({int((~finite).sum())} non-finite value(s)): "
-                  "a NaN or infinite weight has no 4-bit code")
+        _fail(
+            fn,
+            f"w[{r}, {c}]={w[r, c]} is not finite ({int((~finite).sum())} non-finite value(s)): "
+            "a NaN or infinite weight has no 4-bit code",
+        )
     wg = w.astype(np.float32).reshape(k // g, g, n)
     mx, mn = wg.max(axis=1), wg.min(axis=1)
     s = np.maximum((mx - mn) / 15.0, 1e-5).astype(np.float16)
@@ -155,8 +159,9 @@ def awq_dequantize(qweight, qzeros, scales, group_size=128):
     qweight, qzeros = _words(fn, qweight, "qweight"), _words(fn, qzeros, "qzeros")
     scales = _array(fn, "scales", scales, 2)
     if scales.dtype.kind != "f" and scales.dtype not in (np.uint16, np.int16):
-        _fail(fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}",
-              TypeError)
+        _fail(
+            fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}", TypeError
+        )
     k, n = qweight.shape[0], 8 * qweight.shape[1]
     _multiple(fn, "N", n, 64, positive=True)
     g = _groups(fn, k, group_size)
@@ -174,8 +179,11 @@ def marlin_perm():
     perm = []
     for i in range(32):
         col = i // 4
-        perm1 = [16 * row + col + 8 * block for block in (0, 1)
-                 for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1)]
+        perm1 = [
+            16 * row + col + 8 * block
+            for block in (0, 1)
+            for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1)
+        ]
         for j in range(4):
             perm.extend(p + 256 * j for p in perm1)
     return np.array(perm).reshape(-1, 8)[:, AWQ_ORDER].ravel()
@@ -234,15 +242,22 @@ def marlin_permute_scales(scales, size_k, size_n, group_size):
     size_k, size_n = _int(fn, "size_k", size_k), _int(fn, "size_n", size_n)
     scales = _array(fn, "scales", scales, 2)
     if scales.dtype.kind != "f" and scales.dtype not in (np.uint16, np.int16):
-        _fail(fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}",
-              TypeError)
+        _fail(
+            fn, f"scales must be a float array (or uint16 / int16 raw fp16 / bf16 bits), got {scales.dtype}", TypeError
+        )
     _multiple(fn, "size_n", size_n, 64, positive=True)
     _multiple(fn, "size_k", size_k, 16, positive=True)
     g = _groups(fn, size_k, group_size)
     rows = size_k // g
-    _shape(fn, "scales", scales, (rows, size_n),
-           f"({rows}, size_n={size_n})" if scales.shape[0] == rows else f"({rows}, {size_n}): size_k={size_k} "
-           f"rows in groups of {g}")
+    _shape(
+        fn,
+        "scales",
+        scales,
+        (rows, size_n),
+        f"({rows}, size_n={size_n})"
+        if scales.shape[0] == rows
+        else f"({rows}, {size_n}): size_k={size_k} rows in groups of {g}",
+    )
     grouped, single = scale_perms()
     p = grouped if g != size_k else single
     return scales.reshape(-1, len(p))[:, p].reshape(scales.shape)

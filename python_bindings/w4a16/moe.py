@@ -11,6 +11,7 @@ Weights are stacked per expert: Marlin layout weight [E, K/16, 2N], scales [E, K
 [E, K/G, N/8] (AWQ) or None (symmetric GPTQ); or the AWQ checkpoint layout qweight [E, K, N/8], scales [E, K/G, N],
 qzeros [E, K/G, N/8]. For fused_moe, w13 holds the gate and up projections stacked along N (N = 2 I, gate first)
 and w2 the down projection (K = I)."""
+
 from typing import Optional
 
 import torch
@@ -33,8 +34,10 @@ def _cuda_contig(name, t, dtype=None):
     _check(t.is_cuda, f"{name} must be a CUDA tensor (got {t.device})")
     _check(t.is_contiguous(), f"{name} must be contiguous")
     if dtype is not None:
-        _check(t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype,
-               f"{name} has dtype {t.dtype}, expected {dtype}")
+        _check(
+            t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype,
+            f"{name} has dtype {t.dtype}, expected {dtype}",
+        )
 
 
 def _ptr(t):
@@ -56,8 +59,10 @@ def prepare(device=None):
     ws = _workspaces.get(idx)
     if ws is None:
         if torch.cuda.is_current_stream_capturing():  # it would live in the graph's pool, zeroed by every replay
-            raise RuntimeError("w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
-                               "run the layer once) before capturing a CUDA graph" % idx)
+            raise RuntimeError(
+                "w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
+                "run the layer once) before capturing a CUDA graph" % idx
+            )
         with torch.cuda.device(idx):
             ws = torch.zeros(raw.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
         _workspaces[idx] = ws
@@ -71,22 +76,42 @@ def choose_block_size(num_tokens, top_k, num_experts):
 
 
 # ---------------------------------------------------------------- routing
-@torch.library.custom_op("w4a16::moe_align_block_size", mutates_args=("sorted_token_ids", "experts_ids",
-                                                                      "num_tokens_post_pad"))
-def moe_align_block_size(topk_ids: Tensor, num_experts: int, block_size: int, sorted_token_ids: Tensor,
-                         experts_ids: Tensor, num_tokens_post_pad: Tensor) -> None:
+@torch.library.custom_op(
+    "w4a16::moe_align_block_size", mutates_args=("sorted_token_ids", "experts_ids", "num_tokens_post_pad")
+)
+def moe_align_block_size(
+    topk_ids: Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: Tensor,
+    experts_ids: Tensor,
+    num_tokens_post_pad: Tensor,
+) -> None:
     """vLLM's moe_align_block_size: topk_ids [T, top_k] int32 -> the pair indices grouped by expert, each run padded to
     a multiple of block_size with T * top_k; the expert of each block (-1 past the runs); the padded count."""
     _cuda_contig("topk_ids", topk_ids, torch.int32)
-    for n, t in (("sorted_token_ids", sorted_token_ids), ("experts_ids", experts_ids),
-                 ("num_tokens_post_pad", num_tokens_post_pad)):
+    for n, t in (
+        ("sorted_token_ids", sorted_token_ids),
+        ("experts_ids", experts_ids),
+        ("num_tokens_post_pad", num_tokens_post_pad),
+    ):
         _cuda_contig(n, t, torch.int32)
     _check(topk_ids.dim() == 2, "topk_ids must be [num_tokens, top_k]")
     T, k = topk_ids.shape
     with torch.cuda.device(topk_ids.device):
-        raw.align_block_size(topk_ids.data_ptr(), T, k, num_experts, block_size, sorted_token_ids.data_ptr(),
-                             sorted_token_ids.numel(), experts_ids.data_ptr(), experts_ids.numel(),
-                             num_tokens_post_pad.data_ptr(), _stream(topk_ids))
+        raw.align_block_size(
+            topk_ids.data_ptr(),
+            T,
+            k,
+            num_experts,
+            block_size,
+            sorted_token_ids.data_ptr(),
+            sorted_token_ids.numel(),
+            experts_ids.data_ptr(),
+            experts_ids.numel(),
+            num_tokens_post_pad.data_ptr(),
+            _stream(topk_ids),
+        )
 
 
 @moe_align_block_size.register_fake
@@ -106,8 +131,25 @@ def align(topk_ids: Tensor, num_experts: int, block_size: int):
 
 
 # ---------------------------------------------------------------- grouped GEMMs
-def _grouped(layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, topk_weights, mul_topk_weights,
-             block_size, top_k, size_m, size_n, size_k):
+def _grouped(
+    layout,
+    a,
+    c,
+    w,
+    bias,
+    scales,
+    zeros,
+    sorted_ids,
+    expert_ids,
+    npp,
+    topk_weights,
+    mul_topk_weights,
+    block_size,
+    top_k,
+    size_m,
+    size_n,
+    size_k,
+):
     _cuda_contig("a", a, (torch.float16, torch.bfloat16))
     _cuda_contig("b_q_weight", w, torch.int32)
     _cuda_contig("b_scales", scales, a.dtype)
@@ -140,17 +182,41 @@ def _grouped(layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, 
         _check(tuple(c.shape) == (size_m * top_k, size_n), "c must be [size_m * top_k, size_n]")
     with torch.cuda.device(a.device):
         ws = prepare(a.device)
-        raw.grouped_gemm(layout, a.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(zeros), _ptr(bias), _ptr(tw),
-                         c.data_ptr(), sorted_ids.data_ptr(), expert_ids.data_ptr(), npp.data_ptr(), sorted_ids.numel(),
-                         expert_ids.numel(), block_size, size_m, top_k, E, size_n, size_k, _group(size_k, groups),
-                         _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a))
+        raw.grouped_gemm(
+            layout,
+            a.data_ptr(),
+            w.data_ptr(),
+            scales.data_ptr(),
+            _ptr(zeros),
+            _ptr(bias),
+            _ptr(tw),
+            c.data_ptr(),
+            sorted_ids.data_ptr(),
+            expert_ids.data_ptr(),
+            npp.data_ptr(),
+            sorted_ids.numel(),
+            expert_ids.numel(),
+            block_size,
+            size_m,
+            top_k,
+            E,
+            size_n,
+            size_k,
+            _group(size_k, groups),
+            _DT[a.dtype],
+            ws.data_ptr(),
+            ws.numel(),
+            _stream(a),
+        )
     return c
 
 
 def _unsupported(a_scales=None, global_scale=None, g_idx=None, perm=None, is_zp_float=False, is_k_full=True):
     if a_scales is not None or global_scale is not None:
-        raise NotImplementedError("w4a16: activation / global scales (int8 or fp8 activations, nvfp4) are not "
-                                  "supported: w4a16 runs fp16 / bf16 activations with 4-bit weights")
+        raise NotImplementedError(
+            "w4a16: activation / global scales (int8 or fp8 activations, nvfp4) are not "
+            "supported: w4a16 runs fp16 / bf16 activations with 4-bit weights"
+        )
     if (g_idx is not None and g_idx.numel() > 0) or (perm is not None and perm.numel() > 0) or not is_k_full:
         raise NotImplementedError("w4a16: act-order MoE weights (g_idx / perm) are not supported by the grouped GEMM")
     if is_zp_float:
@@ -158,70 +224,238 @@ def _unsupported(a_scales=None, global_scale=None, g_idx=None, perm=None, is_zp_
 
 
 @torch.library.custom_op("w4a16::moe_wna16_marlin_gemm", mutates_args=())
-def moe_wna16_marlin_gemm(a: Tensor, c_or_none: Optional[Tensor], b_q_weight: Tensor, b_bias_or_none: Optional[Tensor],
-                          b_scales: Tensor, a_scales: Optional[Tensor], global_scale: Optional[Tensor],
-                          b_zeros_or_none: Optional[Tensor], workspace: Tensor, sorted_token_ids: Tensor,
-                          expert_ids: Tensor, num_tokens_past_padded: Tensor, topk_weights: Tensor,
-                          moe_block_size: int, top_k: int, mul_topk_weights: bool, b_type_id: int, size_m: int,
-                          size_n: int, size_k: int, use_atomic_add: bool, use_fp32_reduce: bool, is_zp_float: bool,
-                          thread_k: int, thread_n: int, blocks_per_sm: int) -> Tensor:
+def moe_wna16_marlin_gemm(
+    a: Tensor,
+    c_or_none: Optional[Tensor],
+    b_q_weight: Tensor,
+    b_bias_or_none: Optional[Tensor],
+    b_scales: Tensor,
+    a_scales: Optional[Tensor],
+    global_scale: Optional[Tensor],
+    b_zeros_or_none: Optional[Tensor],
+    workspace: Tensor,
+    sorted_token_ids: Tensor,
+    expert_ids: Tensor,
+    num_tokens_past_padded: Tensor,
+    topk_weights: Tensor,
+    moe_block_size: int,
+    top_k: int,
+    mul_topk_weights: bool,
+    b_type_id: int,
+    size_m: int,
+    size_n: int,
+    size_k: int,
+    use_atomic_add: bool,
+    use_fp32_reduce: bool,
+    is_zp_float: bool,
+    thread_k: int,
+    thread_n: int,
+    blocks_per_sm: int,
+) -> Tensor:
     """vLLM's newest `_moe_C::moe_wna16_marlin_gemm` argument list (26). The weight type follows the zero points
     (given: uint4 with zero points, AWQ; None: uint4b8, GPTQ); workspace, use_atomic_add, use_fp32_reduce (w4a16
     always accumulates in fp32) and the thread / blocks hints are accepted and not needed."""
     _unsupported(a_scales, global_scale, is_zp_float=is_zp_float)
-    return _grouped("marlin", a, c_or_none, b_q_weight, b_bias_or_none, b_scales, b_zeros_or_none, sorted_token_ids,
-                    expert_ids, num_tokens_past_padded, topk_weights, mul_topk_weights, moe_block_size, top_k, size_m,
-                    size_n, size_k)
+    return _grouped(
+        "marlin",
+        a,
+        c_or_none,
+        b_q_weight,
+        b_bias_or_none,
+        b_scales,
+        b_zeros_or_none,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_past_padded,
+        topk_weights,
+        mul_topk_weights,
+        moe_block_size,
+        top_k,
+        size_m,
+        size_n,
+        size_k,
+    )
 
 
 @moe_wna16_marlin_gemm.register_fake
-def _(a, c_or_none, b_q_weight, b_bias_or_none, b_scales, a_scales, global_scale, b_zeros_or_none, workspace,
-      sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-      b_type_id, size_m, size_n, size_k, use_atomic_add, use_fp32_reduce, is_zp_float, thread_k, thread_n,
-      blocks_per_sm):
+def _(
+    a,
+    c_or_none,
+    b_q_weight,
+    b_bias_or_none,
+    b_scales,
+    a_scales,
+    global_scale,
+    b_zeros_or_none,
+    workspace,
+    sorted_token_ids,
+    expert_ids,
+    num_tokens_past_padded,
+    topk_weights,
+    moe_block_size,
+    top_k,
+    mul_topk_weights,
+    b_type_id,
+    size_m,
+    size_n,
+    size_k,
+    use_atomic_add,
+    use_fp32_reduce,
+    is_zp_float,
+    thread_k,
+    thread_n,
+    blocks_per_sm,
+):
     return a.new_empty((size_m * top_k, size_n))
 
 
 @torch.library.custom_op("w4a16::moe_wna16_marlin_gemm_v0_15", mutates_args=())
-def moe_wna16_marlin_gemm_v0_15(a: Tensor, c_or_none: Optional[Tensor], b_q_weight: Tensor,
-                                b_bias_or_none: Optional[Tensor], b_scales: Tensor, a_scales: Optional[Tensor],
-                                global_scale: Optional[Tensor], b_zeros_or_none: Optional[Tensor],
-                                g_idx_or_none: Optional[Tensor], perm_or_none: Optional[Tensor], workspace: Tensor,
-                                sorted_token_ids: Tensor, expert_ids: Tensor, num_tokens_past_padded: Tensor,
-                                topk_weights: Tensor, moe_block_size: int, top_k: int, mul_topk_weights: bool,
-                                b_type_id: int, size_m: int, size_n: int, size_k: int, is_full_k: bool,
-                                use_atomic_add: bool, use_fp32_reduce: bool, is_zp_float: bool, thread_k: int,
-                                thread_n: int, blocks_per_sm: int) -> Tensor:
+def moe_wna16_marlin_gemm_v0_15(
+    a: Tensor,
+    c_or_none: Optional[Tensor],
+    b_q_weight: Tensor,
+    b_bias_or_none: Optional[Tensor],
+    b_scales: Tensor,
+    a_scales: Optional[Tensor],
+    global_scale: Optional[Tensor],
+    b_zeros_or_none: Optional[Tensor],
+    g_idx_or_none: Optional[Tensor],
+    perm_or_none: Optional[Tensor],
+    workspace: Tensor,
+    sorted_token_ids: Tensor,
+    expert_ids: Tensor,
+    num_tokens_past_padded: Tensor,
+    topk_weights: Tensor,
+    moe_block_size: int,
+    top_k: int,
+    mul_topk_weights: bool,
+    b_type_id: int,
+    size_m: int,
+    size_n: int,
+    size_k: int,
+    is_full_k: bool,
+    use_atomic_add: bool,
+    use_fp32_reduce: bool,
+    is_zp_float: bool,
+    thread_k: int,
+    thread_n: int,
+    blocks_per_sm: int,
+) -> Tensor:
     """vLLM 0.15.1's argument list (29: the newest one plus g_idx, perm and is_full_k; act-order is refused)."""
     _unsupported(a_scales, global_scale, g_idx_or_none, perm_or_none, is_zp_float, is_full_k)
-    return _grouped("marlin", a, c_or_none, b_q_weight, b_bias_or_none, b_scales, b_zeros_or_none, sorted_token_ids,
-                    expert_ids, num_tokens_past_padded, topk_weights, mul_topk_weights, moe_block_size, top_k, size_m,
-                    size_n, size_k)
+    return _grouped(
+        "marlin",
+        a,
+        c_or_none,
+        b_q_weight,
+        b_bias_or_none,
+        b_scales,
+        b_zeros_or_none,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_past_padded,
+        topk_weights,
+        mul_topk_weights,
+        moe_block_size,
+        top_k,
+        size_m,
+        size_n,
+        size_k,
+    )
 
 
 @moe_wna16_marlin_gemm_v0_15.register_fake
-def _(a, c_or_none, b_q_weight, b_bias_or_none, b_scales, a_scales, global_scale, b_zeros_or_none, g_idx_or_none,
-      perm_or_none, workspace, sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size,
-      top_k, mul_topk_weights, b_type_id, size_m, size_n, size_k, is_full_k, use_atomic_add, use_fp32_reduce,
-      is_zp_float, thread_k, thread_n, blocks_per_sm):
+def _(
+    a,
+    c_or_none,
+    b_q_weight,
+    b_bias_or_none,
+    b_scales,
+    a_scales,
+    global_scale,
+    b_zeros_or_none,
+    g_idx_or_none,
+    perm_or_none,
+    workspace,
+    sorted_token_ids,
+    expert_ids,
+    num_tokens_past_padded,
+    topk_weights,
+    moe_block_size,
+    top_k,
+    mul_topk_weights,
+    b_type_id,
+    size_m,
+    size_n,
+    size_k,
+    is_full_k,
+    use_atomic_add,
+    use_fp32_reduce,
+    is_zp_float,
+    thread_k,
+    thread_n,
+    blocks_per_sm,
+):
     return a.new_empty((size_m * top_k, size_n))
 
 
 @torch.library.custom_op("w4a16::moe_awq_gemm", mutates_args=())
-def moe_awq_gemm(a: Tensor, qweight: Tensor, scales: Tensor, qzeros: Tensor, bias: Optional[Tensor],
-                 topk_weights: Optional[Tensor], sorted_token_ids: Tensor, expert_ids: Tensor,
-                 num_tokens_past_padded: Tensor, moe_block_size: int, top_k: int, size_m: int, size_n: int,
-                 size_k: int) -> Tensor:
+def moe_awq_gemm(
+    a: Tensor,
+    qweight: Tensor,
+    scales: Tensor,
+    qzeros: Tensor,
+    bias: Optional[Tensor],
+    topk_weights: Optional[Tensor],
+    sorted_token_ids: Tensor,
+    expert_ids: Tensor,
+    num_tokens_past_padded: Tensor,
+    moe_block_size: int,
+    top_k: int,
+    size_m: int,
+    size_n: int,
+    size_k: int,
+) -> Tensor:
     """The grouped GEMM on AutoAWQ checkpoint tensors as stored (qweight [E, K, N/8], scales [E, K/G, N],
     qzeros [E, K/G, N/8]); rows multiplied by topk_weights when given."""
-    return _grouped("awq", a, None, qweight, bias, scales, qzeros, sorted_token_ids, expert_ids,
-                    num_tokens_past_padded, topk_weights, topk_weights is not None, moe_block_size, top_k, size_m,
-                    size_n, size_k)
+    return _grouped(
+        "awq",
+        a,
+        None,
+        qweight,
+        bias,
+        scales,
+        qzeros,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_past_padded,
+        topk_weights,
+        topk_weights is not None,
+        moe_block_size,
+        top_k,
+        size_m,
+        size_n,
+        size_k,
+    )
 
 
 @moe_awq_gemm.register_fake
-def _(a, qweight, scales, qzeros, bias, topk_weights, sorted_token_ids, expert_ids, num_tokens_past_padded,
-      moe_block_size, top_k, size_m, size_n, size_k):
+def _(
+    a,
+    qweight,
+    scales,
+    qzeros,
+    bias,
+    topk_weights,
+    sorted_token_ids,
+    expert_ids,
+    num_tokens_past_padded,
+    moe_block_size,
+    top_k,
+    size_m,
+    size_n,
+    size_k,
+):
     return a.new_empty((size_m * top_k, size_n))
 
 
@@ -239,8 +473,15 @@ def gptq_marlin_moe_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n
         _check(perm.numel() == E * size_k, "perm must be [E, size_k]")
     out = torch.empty((E, size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(b_q_weight.device):
-        raw.repack_gptq(b_q_weight.data_ptr(), perm.data_ptr() if has_perm else 0, out.data_ptr(), E, size_k, size_n,
-                        _stream(b_q_weight))
+        raw.repack_gptq(
+            b_q_weight.data_ptr(),
+            perm.data_ptr() if has_perm else 0,
+            out.data_ptr(),
+            E,
+            size_k,
+            size_n,
+            _stream(b_q_weight),
+        )
     return out
 
 
@@ -274,8 +515,9 @@ def marlin_moe_permute_scales(s: Tensor, size_k: int, size_n: int, group_size: i
     _check(s.dim() == 3 and s.shape[2] == size_n, "s must be [E, K/G, size_n]")
     out = torch.empty_like(s)
     with torch.cuda.device(s.device):
-        raw.permute_scales(s.data_ptr(), out.data_ptr(), s.shape[0], size_k, size_n, group_size, _DT[s.dtype],
-                           _stream(s))
+        raw.permute_scales(
+            s.data_ptr(), out.data_ptr(), s.shape[0], size_k, size_n, group_size, _DT[s.dtype], _stream(s)
+        )
     return out
 
 
@@ -294,8 +536,15 @@ def moe_awq_to_marlin_zero_points(q_zp_packed: Tensor, size_k: int, size_n: int,
     out = torch.empty_like(q_zp_packed)
     # rows are what matters here: size_k groups of 32 rows (one group: G = -1)
     with torch.cuda.device(q_zp_packed.device):
-        raw.awq_zero_points(q_zp_packed.data_ptr(), out.data_ptr(), q_zp_packed.shape[0], size_k * 32, size_n,
-                            32 if size_k > 1 else -1, _stream(q_zp_packed))
+        raw.awq_zero_points(
+            q_zp_packed.data_ptr(),
+            out.data_ptr(),
+            q_zp_packed.shape[0],
+            size_k * 32,
+            size_n,
+            32 if size_k > 1 else -1,
+            _stream(q_zp_packed),
+        )
     return out
 
 
@@ -305,10 +554,21 @@ def _(q_zp_packed, size_k, size_n, num_bits):
 
 
 # ---------------------------------------------------------------- a whole expert layer
-def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales: Tensor, topk_weights: Tensor,
-              topk_ids: Tensor, w13_zeros: Optional[Tensor] = None, w2_zeros: Optional[Tensor] = None,
-              layout: str = "marlin", w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None,
-              block_size: Optional[int] = None) -> Tensor:
+def fused_moe(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    w13_scales: Tensor,
+    w2_scales: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    w13_zeros: Optional[Tensor] = None,
+    w2_zeros: Optional[Tensor] = None,
+    layout: str = "marlin",
+    w13_bias: Optional[Tensor] = None,
+    w2_bias: Optional[Tensor] = None,
+    block_size: Optional[int] = None,
+) -> Tensor:
     """An MoE layer: out[t] = sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k].
 
     x [T, H] fp16/bf16; topk_ids [T, top_k] (int32 or int64; ids outside [0, E) contribute nothing); topk_weights
@@ -327,10 +587,12 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales:
     sorted_ids, expert_ids, npp = align(ids, E, bs)
     if layout == "marlin":
         g = lambda a, w, s, z, b, M, k, n, K, weights: _grouped(  # noqa: E731
-            "marlin", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K)
+            "marlin", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K
+        )
     else:
         g = lambda a, w, s, z, b, M, k, n, K, weights: _grouped(  # noqa: E731
-            "awq", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K)
+            "awq", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K
+        )
     h = g(x.contiguous(), w13, w13_scales, w13_zeros, w13_bias, T, top_k, n13, H, None)  # [T top_k, 2I]
     act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
     y = g(act.contiguous(), w2, w2_scales, w2_zeros, w2_bias, T * top_k, 1, H, inter, tw)  # [T top_k, H]

@@ -10,6 +10,7 @@ CUDA graph).
 Programmatic dependent launch (W4A16_FLAG_PDL in w4a16.h; sm_90+): `use_pdl(True)`, or W4A16_PDL=1 in the environment
 at import, makes the GEMM ops let each GEMM start while the previous kernel finishes. Turn it on only once the weights
 are loaded and converted (the flag's contract: no kernel that may still be running writes them)."""
+
 import os
 from typing import Optional
 
@@ -61,9 +62,23 @@ def awq_gemm(input: Tensor, qweight: Tensor, scales: Tensor, qzeros: Tensor, spl
     out = torch.empty((M, N), dtype=input.dtype, device=input.device)
     ws = prepare(input.device)
     with torch.cuda.device(_dev_index(input)):
-        _lib.awq_gemm(input.data_ptr(), qweight.data_ptr(), scales.data_ptr(), qzeros.data_ptr(), 0, out.data_ptr(),
-                      M, N, K, G, _DT[input.dtype], ws.data_ptr(), ws.numel(), _stream(input),
-                      flags=_flags)
+        _lib.awq_gemm(
+            input.data_ptr(),
+            qweight.data_ptr(),
+            scales.data_ptr(),
+            qzeros.data_ptr(),
+            0,
+            out.data_ptr(),
+            M,
+            N,
+            K,
+            G,
+            _DT[input.dtype],
+            ws.data_ptr(),
+            ws.numel(),
+            _stream(input),
+            flags=_flags,
+        )
     return out
 
 
@@ -78,8 +93,17 @@ def awq_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, split_k_iters
     K, N, G = _checks.awq_dequantize(qweight, scales, zeros)
     out = torch.empty((K, N), dtype=scales.dtype, device=scales.device)
     with torch.cuda.device(_dev_index(scales)):
-        _lib.awq_dequantize(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), out.data_ptr(), K, N, G,
-                            _DT[scales.dtype], _stream(scales))
+        _lib.awq_dequantize(
+            qweight.data_ptr(),
+            scales.data_ptr(),
+            zeros.data_ptr(),
+            out.data_ptr(),
+            K,
+            N,
+            G,
+            _DT[scales.dtype],
+            _stream(scales),
+        )
     return out
 
 
@@ -109,8 +133,14 @@ def gptq_marlin_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n: in
     has_perm = _checks.gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
     out = torch.empty((size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(_dev_index(b_q_weight)):
-        _lib.marlin_repack_gptq(b_q_weight.data_ptr(), perm.data_ptr() if has_perm else 0, out.data_ptr(), size_k,
-                                size_n, _stream(b_q_weight))
+        _lib.marlin_repack_gptq(
+            b_q_weight.data_ptr(),
+            perm.data_ptr() if has_perm else 0,
+            out.data_ptr(),
+            size_k,
+            size_n,
+            _stream(b_q_weight),
+        )
     return out
 
 
@@ -140,8 +170,9 @@ def awq_to_marlin_zero_points(q_zp_packed: Tensor, size_k: int, size_n: int, num
     out = torch.empty_like(q_zp_packed)
     # the library takes K and G; with K = size_k groups of G = 16 rows the row count is the same
     with torch.cuda.device(_dev_index(q_zp_packed)):
-        _lib.marlin_awq_zero_points(q_zp_packed.data_ptr(), out.data_ptr(), size_k * 32, size_n,
-                                    32 if size_k > 1 else -1, _stream(q_zp_packed))
+        _lib.marlin_awq_zero_points(
+            q_zp_packed.data_ptr(), out.data_ptr(), size_k * 32, size_n, 32 if size_k > 1 else -1, _stream(q_zp_packed)
+        )
     return out
 
 
@@ -156,8 +187,9 @@ def permute_cols(a: Tensor, perm: Tensor) -> Tensor:
     _checks.permute_cols(a, perm)
     out = torch.empty_like(a)
     with torch.cuda.device(_dev_index(a)):
-        _lib.permute_cols(a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], a.shape[1],
-                          _DT[a.dtype], _stream(a))
+        _lib.permute_cols(
+            a.data_ptr(), perm.data_ptr(), out.data_ptr(), a.shape[0], a.shape[1], a.shape[1], _DT[a.dtype], _stream(a)
+        )
     return out
 
 
@@ -168,19 +200,39 @@ def _(a, perm):
 
 # ---------------------------------------------------------------- Marlin GEMM
 @torch.library.custom_op("w4a16::marlin_gemm", mutates_args=())
-def marlin_gemm(a: Tensor, b_q_weight: Tensor, b_scales: Tensor, b_zeros: Optional[Tensor], b_bias: Optional[Tensor],
-                size_m: int, size_n: int, size_k: int) -> Tensor:
+def marlin_gemm(
+    a: Tensor,
+    b_q_weight: Tensor,
+    b_scales: Tensor,
+    b_zeros: Optional[Tensor],
+    b_bias: Optional[Tensor],
+    size_m: int,
+    size_n: int,
+    size_k: int,
+) -> Tensor:
     """a [M, K] x Marlin weight [K/16, 2N] with permuted scales [K/G, N] (and Marlin zero points for AWQ;
     None for symmetric GPTQ) + bias -> [M, N]."""
     G = _checks.marlin_gemm(a, b_q_weight, b_scales, b_zeros, b_bias, size_m, size_n, size_k)
     out = torch.empty((size_m, size_n), dtype=a.dtype, device=a.device)
     ws = prepare(a.device)
     with torch.cuda.device(_dev_index(a)):
-        _lib.marlin_gemm(a.data_ptr(), b_q_weight.data_ptr(), b_scales.data_ptr(),
-                         b_zeros.data_ptr() if b_zeros is not None else 0,
-                         b_bias.data_ptr() if b_bias is not None else 0, out.data_ptr(), size_m, size_n, size_k,
-                         G, _DT[a.dtype], ws.data_ptr(), ws.numel(), _stream(a),
-                         flags=_flags)
+        _lib.marlin_gemm(
+            a.data_ptr(),
+            b_q_weight.data_ptr(),
+            b_scales.data_ptr(),
+            b_zeros.data_ptr() if b_zeros is not None else 0,
+            b_bias.data_ptr() if b_bias is not None else 0,
+            out.data_ptr(),
+            size_m,
+            size_n,
+            size_k,
+            G,
+            _DT[a.dtype],
+            ws.data_ptr(),
+            ws.numel(),
+            _stream(a),
+            flags=_flags,
+        )
     return out
 
 
@@ -217,6 +269,7 @@ class AWQLinear(torch.nn.Module):
         import numpy as np
 
         from .formats import awq_quantize
+
         w = linear.weight.detach().float().cpu().numpy().T.copy()  # [K, N]
         qw, qz, s = awq_quantize(w, group_size)
         dev = linear.weight.device if linear.weight.is_cuda else torch.device("cuda")
@@ -228,8 +281,9 @@ class AWQLinear(torch.nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if self.use_marlin:
-            y = marlin_gemm(x2, self.weight, self.scales, self.zeros, self.bias, x2.shape[0], self.out_features,
-                            self.in_features)
+            y = marlin_gemm(
+                x2, self.weight, self.scales, self.zeros, self.bias, x2.shape[0], self.out_features, self.in_features
+            )
         else:
             y = awq_gemm(x2, self.weight, self.scales, self.zeros, 0)
             if self.bias is not None:

@@ -1,6 +1,7 @@
 """The `vllm.general_plugins` entry point (`w4a16.vllm_plugin:register`, declared in pyproject.toml): vLLM calls it in
 each of its processes. The adapter itself, and what it replaces per vLLM release, is w4a16.engines.vllm.
 Set W4A16_VLLM=0 to keep vLLM's kernels."""
+
 import logging
 import os
 
@@ -25,5 +26,6 @@ def __getattr__(name):
     # install / installed / uninstall of the adapter, as before, without importing it at module load
     if name in ("install", "installed", "uninstall"):
         from .engines import vllm
+
         return getattr(vllm, name)
     raise AttributeError(name)

@@ -11,6 +11,7 @@ checkpoint tensors and run forward on CPU tensors, with libw4a16's entry points 
 arguments from host memory. Each argument is compared bit for bit with w4a16.formats computed from the same
 checkpoint tensors; the GEMM recorder writes a reference product, so the layer's output shows where the bias went.
 Pass-through cases run SGLang's own functions down to its JIT module, replaced by a recorder."""
+
 import ctypes
 import importlib
 import json
@@ -43,8 +44,11 @@ def _fake_gpu(mp):
     # SGLang chooses its CUDA code paths from torch.cuda at import and load time; this machine has no GPU
     mp.setattr(torch.cuda, "is_available", lambda: True)
     mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    mp.setattr(torch.cuda, "get_device_properties",
-               lambda device=None: types.SimpleNamespace(multi_processor_count=SMS, major=9, minor=0, name="none"))
+    mp.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device=None: types.SimpleNamespace(multi_processor_count=SMS, major=9, minor=0, name="none"),
+    )
 
 
 def _driver(tmp):
@@ -56,9 +60,20 @@ def _driver(tmp):
     except OSError:
         pass
     import subprocess
+
     out = tmp / "libcuda.so.1"
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out),
-                    str(REPO / "tests" / "engines" / "stub_libcuda.c")], check=True)
+    subprocess.run(
+        [
+            os.environ.get("CC", "cc"),
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(out),
+            str(REPO / "tests" / "engines" / "stub_libcuda.c"),
+        ],
+        check=True,
+    )
     ctypes.CDLL(str(out), mode=ctypes.RTLD_GLOBAL)
     return "stub"
 
@@ -71,17 +86,19 @@ def sgl(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     _fake_gpu(mp)
     mods = types.SimpleNamespace()
-    for name, path in [("marlin_utils", "sglang.srt.layers.quantization.marlin_utils"),
-                       ("awq", "sglang.srt.layers.quantization.awq.awq"),
-                       ("gptq", "sglang.srt.layers.quantization.gptq.gptq"),
-                       ("awq_kernels", "sglang.srt.hardware_backend.gpu.quantization.awq_kernels"),
-                       ("gptq_kernels", "sglang.srt.hardware_backend.gpu.quantization.gptq_kernels"),
-                       ("linear", "sglang.srt.layers.linear"),
-                       ("gemm_op", "sglang.kernels.ops.gemm.gptq_marlin"),
-                       ("awq_repack_op", "sglang.kernels.ops.quantization.awq_marlin_repack"),
-                       ("gptq_repack_op", "sglang.kernels.ops.quantization.gptq_marlin_repack"),
-                       ("plugins", "sglang.srt.plugins"),
-                       ("hooks", "sglang.srt.plugins.hook_registry")]:
+    for name, path in [
+        ("marlin_utils", "sglang.srt.layers.quantization.marlin_utils"),
+        ("awq", "sglang.srt.layers.quantization.awq.awq"),
+        ("gptq", "sglang.srt.layers.quantization.gptq.gptq"),
+        ("awq_kernels", "sglang.srt.hardware_backend.gpu.quantization.awq_kernels"),
+        ("gptq_kernels", "sglang.srt.hardware_backend.gpu.quantization.gptq_kernels"),
+        ("linear", "sglang.srt.layers.linear"),
+        ("gemm_op", "sglang.kernels.ops.gemm.gptq_marlin"),
+        ("awq_repack_op", "sglang.kernels.ops.quantization.awq_marlin_repack"),
+        ("gptq_repack_op", "sglang.kernels.ops.quantization.gptq_marlin_repack"),
+        ("plugins", "sglang.srt.plugins"),
+        ("hooks", "sglang.srt.plugins.hook_registry"),
+    ]:
         setattr(mods, name, importlib.import_module(path))
     mods.original = {n: getattr(importlib.import_module(m), n) for n, m in adapter.TARGETS.items()}
     mods.original_sort = mods.marlin_utils.marlin_sort_g_idx
@@ -100,6 +117,7 @@ def _dist_info(tmp, entry_points):
 
 def _pyproject_entry_points():
     import tomllib
+
     project = tomllib.loads((REPO / "python_bindings" / "pyproject.toml").read_text())["project"]
     groups = project["entry-points"]
     return "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items())
@@ -170,8 +188,15 @@ class Lib:
         mp.setattr(wt, "_dev_index", lambda t: 0)
         mp.setattr(torch.cuda, "device", lambda idx: _Null())
         self.workspace = torch.zeros(4096, dtype=torch.uint8)
-        for name in ("marlin_repack_awq", "marlin_repack_gptq", "marlin_gemm", "permute_cols", "awq_gemm",
-                     "marlin_permute_scales", "marlin_awq_zero_points"):
+        for name in (
+            "marlin_repack_awq",
+            "marlin_repack_gptq",
+            "marlin_gemm",
+            "permute_cols",
+            "awq_gemm",
+            "marlin_permute_scales",
+            "marlin_awq_zero_points",
+        ):
             mp.setattr(wt._lib, name, getattr(self, name, self._unexpected(name)))
 
     @staticmethod
@@ -182,6 +207,7 @@ class Lib:
     def _unexpected(self, name):
         def call(*args, **kwargs):
             raise AssertionError(f"unexpected libw4a16 call {name}{args}")
+
         return call
 
     def marlin_repack_awq(self, qweight, out, K, N, stream=0):
@@ -201,14 +227,40 @@ class Lib:
         self.calls.append(("permute_cols", dict(A=a, perm=p, M=M, K_in=K_in, K_out=K_out, dtype=dtype)))
         _host(A_out, (M, K_out), ctypes.c_uint16, np.uint16)[...] = a[:, p]
 
-    def marlin_gemm(self, A, weight, scales, zeros, bias, C, M, N, K, group_size, dtype, workspace, workspace_bytes,
-                    stream=0, flags=0):
+    def marlin_gemm(
+        self,
+        A,
+        weight,
+        scales,
+        zeros,
+        bias,
+        C,
+        M,
+        N,
+        K,
+        group_size,
+        dtype,
+        workspace,
+        workspace_bytes,
+        stream=0,
+        flags=0,
+    ):
         G = K if group_size == -1 else group_size
-        rec = dict(A=_host(A, (M, K), ctypes.c_uint16, np.uint16).copy(), weight=_host(weight, (K // 16, 2 * N)).copy(),
-                   scales=_host(scales, (K // G, N), ctypes.c_uint16, np.uint16).copy(),
-                   zeros=_host(zeros, (K // G, N // 8)).copy() if zeros else None, bias=bias, M=M, N=N, K=K,
-                   group_size=group_size, dtype=dtype, workspace=workspace, workspace_bytes=workspace_bytes,
-                   flags=flags)
+        rec = dict(
+            A=_host(A, (M, K), ctypes.c_uint16, np.uint16).copy(),
+            weight=_host(weight, (K // 16, 2 * N)).copy(),
+            scales=_host(scales, (K // G, N), ctypes.c_uint16, np.uint16).copy(),
+            zeros=_host(zeros, (K // G, N // 8)).copy() if zeros else None,
+            bias=bias,
+            M=M,
+            N=N,
+            K=K,
+            group_size=group_size,
+            dtype=dtype,
+            workspace=workspace,
+            workspace_bytes=workspace_bytes,
+            flags=flags,
+        )
         self.calls.append(("marlin_gemm", rec))
         _host(C, (M, N), ctypes.c_uint16, np.uint16)[...] = self.reference(M, N)
 
@@ -234,9 +286,11 @@ class JitRecorder:
 
     def __init__(self, mp, sgl):
         self.calls = []
-        mod = types.SimpleNamespace(gptq_marlin_gemm=self._call("gptq_marlin_gemm"),
-                                    awq_marlin_repack=self._call("awq_marlin_repack"),
-                                    gptq_marlin_repack=self._call("gptq_marlin_repack"))
+        mod = types.SimpleNamespace(
+            gptq_marlin_gemm=self._call("gptq_marlin_gemm"),
+            awq_marlin_repack=self._call("awq_marlin_repack"),
+            gptq_marlin_repack=self._call("gptq_marlin_repack"),
+        )
         mp.setattr(sgl.gemm_op, "_jit_gptq_marlin_module", lambda dtype: mod)
         mp.setattr(sgl.awq_repack_op, "_jit_awq_marlin_repack_module", lambda: mod)
         mp.setattr(sgl.gptq_repack_op, "_jit_gptq_marlin_repack_module", lambda: mod)
@@ -244,6 +298,7 @@ class JitRecorder:
     def _call(self, name):
         def call(*args):
             self.calls.append((name, args))
+
         return call
 
     def names(self):
@@ -281,8 +336,14 @@ def _config(sgl, kind, G, desc_act=False, bits=4):
 
 def _layer(sgl, kind, K, N, G, dtype, bias, ckpt, desc_act=False, bits=4):
     """SGLang's ReplicatedLinear under the Marlin config, checkpoint tensors loaded by its weight loaders."""
-    layer = sgl.linear.ReplicatedLinear(K, N, bias=bias is not None, params_dtype=dtype,
-                                        quant_config=_config(sgl, kind, G, desc_act, bits), prefix="model.proj")
+    layer = sgl.linear.ReplicatedLinear(
+        K,
+        N,
+        bias=bias is not None,
+        params_dtype=dtype,
+        quant_config=_config(sgl, kind, G, desc_act, bits),
+        prefix="model.proj",
+    )
     params = dict(layer.named_parameters())
     for name, value in ckpt.items():
         if name not in params:
@@ -308,8 +369,10 @@ DT = {torch.float16: w4a16.FP16, torch.bfloat16: w4a16.BF16}
 def test_recorded_schema_matches_installed(sgl):
     live = adapter.live_schema()
     path = SCHEMAS / f"sglang-{live['sglang']}.json"
-    assert path.exists(), (f"SGLang {live['sglang']} has no record: read its schema (adapter.live_schema()), check "
-                           f"the adapter against its layer code, and add {path.name} and a KNOWN entry")
+    assert path.exists(), (
+        f"SGLang {live['sglang']} has no record: read its schema (adapter.live_schema()), check "
+        f"the adapter against its layer code, and add {path.name} and a KNOWN entry"
+    )
     recorded = json.loads(path.read_text())
     assert live == recorded, "the installed SGLang differs from its record: the adapter must be re-checked"
     assert dict(adapter.KNOWN.get(live["sglang"], {}), sglang=live["sglang"]) == recorded, "adapter.KNOWN != record"
@@ -325,10 +388,15 @@ def test_plugin_loads_through_sglang(sgl, plugin):
     for name, module in list(adapter.TARGETS.items()) + [adapter.SORT_G_IDX]:
         assert any(f"to {module}.{name} (from: plugin=w4a16" in m for m in plugin), (name, plugin)
     # every place SGLang's layers look the functions up now holds the hook around the original
-    for mod, name in [(sgl.marlin_utils, "gptq_marlin_gemm"), (sgl.gemm_op, "gptq_marlin_gemm"),
-                      (sgl.awq_kernels, "awq_marlin_repack"), (sgl.awq_repack_op, "awq_marlin_repack"),
-                      (sgl.gptq_kernels, "gptq_marlin_repack"), (sgl.gptq_repack_op, "gptq_marlin_repack"),
-                      (sgl.gptq_kernels, "marlin_sort_g_idx")]:
+    for mod, name in [
+        (sgl.marlin_utils, "gptq_marlin_gemm"),
+        (sgl.gemm_op, "gptq_marlin_gemm"),
+        (sgl.awq_kernels, "awq_marlin_repack"),
+        (sgl.awq_repack_op, "awq_marlin_repack"),
+        (sgl.gptq_kernels, "gptq_marlin_repack"),
+        (sgl.gptq_repack_op, "gptq_marlin_repack"),
+        (sgl.gptq_kernels, "marlin_sort_g_idx"),
+    ]:
         fn = getattr(mod, name)
         original = sgl.original_sort if name == "marlin_sort_g_idx" else sgl.original[name]
         assert fn is not original and fn.__wrapped__ is original, (mod.__name__, name)
@@ -348,8 +416,10 @@ def test_linear_layer(sgl, plugin, kind, G, dtype, with_bias):
     if dtype == torch.bfloat16:  # dequantised with bf16 scales: what the layer computes from
         sc = torch.from_numpy(ckpt["scales"]).float().to(dtype).float().numpy()
         if kind == "awq":
-            wdq = (formats.awq_unpack(ckpt["qweight"]).astype(np.float32)
-                   - formats.awq_unpack(ckpt["qzeros"]).astype(np.float32)[np.arange(K) // G]) * sc[np.arange(K) // G]
+            wdq = (
+                formats.awq_unpack(ckpt["qweight"]).astype(np.float32)
+                - formats.awq_unpack(ckpt["qzeros"]).astype(np.float32)[np.arange(K) // G]
+            ) * sc[np.arange(K) // G]
         else:
             wdq = (formats.gptq_unpack(ckpt["qweight"]).astype(np.float32) - 8) * sc[ckpt["g_idx"]]
     bias = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(dtype) if with_bias else None
@@ -390,8 +460,9 @@ def test_linear_layer(sgl, plugin, kind, G, dtype, with_bias):
     assert (gemm["M"], gemm["N"], gemm["K"], gemm["dtype"]) == (M, N, K, DT[dtype])
     assert gemm["group_size"] == (-1 if G == -1 else G)
     np.testing.assert_array_equal(gemm["weight"], marlin_w)
-    np.testing.assert_array_equal(gemm["scales"], _bits(torch.from_numpy(
-        formats.marlin_permute_scales(_bits(scales_ck), K, N, G))))
+    np.testing.assert_array_equal(
+        gemm["scales"], _bits(torch.from_numpy(formats.marlin_permute_scales(_bits(scales_ck), K, N, G)))
+    )
     if kind == "awq":
         np.testing.assert_array_equal(gemm["zeros"], formats.awq_to_marlin_zero_points(ckpt["qzeros"], K // g, N))
     else:
@@ -407,7 +478,8 @@ def test_linear_layer(sgl, plugin, kind, G, dtype, with_bias):
     else:
         np.testing.assert_array_equal(gemm["A"], _bits(x))
         assert lib.names() == [rp_name for rp_name in ("repack_awq", "repack_gptq") if rp_name in lib.names()] + [
-            "marlin_gemm"]
+            "marlin_gemm"
+        ]
 
     assert out.shape == (1, M, N) and out.dtype == dtype and out_bias is None
     expect = ref.clone()
@@ -421,8 +493,15 @@ def _scheme_layer(sgl, K_full, K, N, G, dtype, ckpt, desc_act, bits=4):
     """A GPTQ-Marlin layer driven through the scheme SGLang attaches to a linear layer, for a shard of K_full."""
     scheme = _config(sgl, "gptq", G, desc_act, bits).get_linear_scheme(None)  # GPTQMarlinLinearScheme
     layer = torch.nn.Module()
-    scheme.create_weights(layer=layer, input_size_per_partition=K, output_partition_sizes=[N], input_size=K_full,
-                          output_size=N, params_dtype=dtype, weight_loader=None)
+    scheme.create_weights(
+        layer=layer,
+        input_size_per_partition=K,
+        output_partition_sizes=[N],
+        input_size=K_full,
+        output_size=N,
+        params_dtype=dtype,
+        weight_loader=None,
+    )
     for name, value in ckpt.items():
         t = torch.from_numpy(np.ascontiguousarray(value))
         getattr(layer, name).data.copy_(t.to(torch.float32).to(dtype) if name == "scales" else t)
@@ -440,7 +519,7 @@ def test_row_parallel_act_order_gemm_stays_on_sglang(sgl, plugin):
     rng = np.random.default_rng(7)
     full, _ = _gptq_checkpoint(rng, 2 * K, N, G, act_order=True)
     # rank 0 of 2: the first K rows; act-order scales and zero points are kept whole on every rank
-    ckpt = dict(full, qweight=full["qweight"][:K // 8], g_idx=full["g_idx"][:K])
+    ckpt = dict(full, qweight=full["qweight"][: K // 8], g_idx=full["g_idx"][:K])
     x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.float16)
     mp = pytest.MonkeyPatch()
     try:
@@ -491,8 +570,11 @@ def test_8bit_gptq_stays_on_sglang(sgl, plugin):
     qweight = np.zeros((K // 4, N), np.uint32)
     for i in range(4):
         qweight |= q[i::4] << np.uint32(8 * i)
-    ckpt = dict(qweight=qweight.view(np.int32), scales=(rng.random((K // G, N)) * 0.01).astype(np.float16),
-                g_idx=(np.arange(K) // G).astype(np.int32))
+    ckpt = dict(
+        qweight=qweight.view(np.int32),
+        scales=(rng.random((K // G, N)) * 0.01).astype(np.float16),
+        g_idx=(np.arange(K) // G).astype(np.int32),
+    )
     x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.float16)
     mp = pytest.MonkeyPatch()
     try:
@@ -524,10 +606,10 @@ def _register(sgl, mp, live=None, env=None):
     finally:
         adapter.log.removeHandler(handler)
     after = {k: list(v) for k, v in sgl.hooks.HookRegistry._hooks.items()}
-    added = {k: v[len(before.get(k, [])):] for k, v in after.items() if len(v) > len(before.get(k, []))}
+    added = {k: v[len(before.get(k, [])) :] for k, v in after.items() if len(v) > len(before.get(k, []))}
     # nothing registered is left behind for SGLang to apply
     for target, hooks in added.items():
-        sgl.hooks.HookRegistry._hooks[target] = sgl.hooks.HookRegistry._hooks[target][:len(before.get(target, []))]
+        sgl.hooks.HookRegistry._hooks[target] = sgl.hooks.HookRegistry._hooks[target][: len(before.get(target, []))]
     return done, [r.getMessage() for r in records], added
 
 
@@ -535,16 +617,24 @@ def _live():
     return json.loads((SCHEMAS / f"sglang-{sglang.__version__}.json").read_text())
 
 
-@pytest.mark.parametrize("change,expect", [
-    (lambda s: s.update(sglang="0.5.99"), "SGLang 0.5.99 is not a release w4a16 was checked against"),
-    (lambda s: s.update(sglang_kernel="0.4.11"), "sglang-kernel 0.4.11 is not the release recorded"),
-    (lambda s: s["params"].update(gptq_marlin_gemm=s["params"]["gptq_marlin_gemm"].replace("b_scales, ", "")),
-     "gptq_marlin_gemm(a, c, b_q_weight, global_scale"),
-    (lambda s: s["params"].update(awq_marlin_repack="b_q_weight, size_k, size_n, num_bits, is_a_8bit=False"),
-     "awq_marlin_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False) differs"),
-    (lambda s: s["scalar_type_ids"].update(uint4=1), "scalar type uint4 id 1"),
-    (lambda s: s["sgl_kernel_marlin_ops"].update({"sgl_kernel::gptq_marlin_gemm": "..."}), "Marlin ops"),
-], ids=["sglang", "sglang-kernel", "gemm-params", "repack-params", "scalar-type", "sgl-kernel-op"])
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        (lambda s: s.update(sglang="0.5.99"), "SGLang 0.5.99 is not a release w4a16 was checked against"),
+        (lambda s: s.update(sglang_kernel="0.4.11"), "sglang-kernel 0.4.11 is not the release recorded"),
+        (
+            lambda s: s["params"].update(gptq_marlin_gemm=s["params"]["gptq_marlin_gemm"].replace("b_scales, ", "")),
+            "gptq_marlin_gemm(a, c, b_q_weight, global_scale",
+        ),
+        (
+            lambda s: s["params"].update(awq_marlin_repack="b_q_weight, size_k, size_n, num_bits, is_a_8bit=False"),
+            "awq_marlin_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False) differs",
+        ),
+        (lambda s: s["scalar_type_ids"].update(uint4=1), "scalar type uint4 id 1"),
+        (lambda s: s["sgl_kernel_marlin_ops"].update({"sgl_kernel::gptq_marlin_gemm": "..."}), "Marlin ops"),
+    ],
+    ids=["sglang", "sglang-kernel", "gemm-params", "repack-params", "scalar-type", "sgl-kernel-op"],
+)
 def test_unknown_release_left_untouched(sgl, change, expect):
     live = _live()
     change(live)
@@ -597,8 +687,9 @@ def test_fullgraph_compile(sgl, plugin):
             gpu = pytest.MonkeyPatch()  # only while loading: torch.compile must see this machine as it is
             try:
                 _fake_gpu(gpu)
-                layer = _layer(sgl, "awq" if kind == "awq" else "gptq", K, N, G, dtype, bias, ckpt,
-                               desc_act=kind != "awq")
+                layer = _layer(
+                    sgl, "awq" if kind == "awq" else "gptq", K, N, G, dtype, bias, ckpt, desc_act=kind != "awq"
+                )
             finally:
                 gpu.undo()
             torch._dynamo.reset()
@@ -614,6 +705,7 @@ def test_fullgraph_compile(sgl, plugin):
 def test_library_missing_left_untouched(sgl):
     def missing(*args):
         raise w4a16.LibraryNotFound("w4a16: could not load libw4a16.so")
+
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(adapter, "make_hooks", missing)

@@ -2,6 +2,7 @@
 (tests/engines/schemas/sglang-*.json), driven the way SGLang 0.5.23's AWQ-Marlin and GPTQ-Marlin linear kernels call
 them (load: repack, permute scales, zero points; forward: GEMM, then SGLang's own bias add), compared with an fp32
 reference. SGLang itself is not needed; skipped, saying why, without torch or a CUDA GPU."""
+
 import json
 import pathlib
 import types
@@ -17,8 +18,11 @@ import w4a16.torch as wt  # noqa: E402
 from w4a16 import formats  # noqa: E402
 from w4a16.engines import sglang as adapter  # noqa: E402
 
-SCHEMA = json.loads(sorted((pathlib.Path(__file__).resolve().parents[3] / "tests" / "engines" / "schemas")
-                           .glob("sglang-*.json"))[-1].read_text())
+SCHEMA = json.loads(
+    sorted((pathlib.Path(__file__).resolve().parents[3] / "tests" / "engines" / "schemas").glob("sglang-*.json"))[
+        -1
+    ].read_text()
+)
 UINT4 = types.SimpleNamespace(id=SCHEMA["scalar_type_ids"]["uint4"], name="uint4", size_bits=4)
 UINT4B8 = types.SimpleNamespace(id=SCHEMA["scalar_type_ids"]["uint4b8"], name="uint4b8", size_bits=4)
 UINT8B128 = types.SimpleNamespace(id=7, name="uint8b128", size_bits=8)
@@ -49,8 +53,9 @@ def sg(monkeypatch):
     orig = StandIns()
     hooks = adapter.make_hooks(UINT4.id, UINT4B8.id)
     # what SGLang's HookRegistry installs: hook(original, *args, **kwargs)
-    fns = types.SimpleNamespace(**{n: (lambda h, o: lambda *a, **k: h(o, *a, **k))(hooks[n], getattr(orig, n))
-                                   for n in hooks})
+    fns = types.SimpleNamespace(
+        **{n: (lambda h, o: lambda *a, **k: h(o, *a, **k))(hooks[n], getattr(orig, n)) for n in hooks}
+    )
     return fns, orig
 
 
@@ -83,8 +88,9 @@ def gptq_layer(fns, K, N, G, dtype, gen, act_order=False):
         g_idx_sorted, perm = fns.marlin_sort_g_idx(g_idx.cuda())
     else:
         g_idx_sorted, perm = empty, empty
-    mw = fns.gptq_marlin_repack(torch.from_numpy(formats.gptq_pack(q)).cuda(), perm=perm, size_k=K, size_n=N,
-                                num_bits=4)
+    mw = fns.gptq_marlin_repack(
+        torch.from_numpy(formats.gptq_pack(q)).cuda(), perm=perm, size_k=K, size_n=N, num_bits=4
+    )
     ms = wt.marlin_permute_scales(s.cuda(), K, N, G)
     return dict(weight=mw, scales=ms, zp=empty, g_idx=g_idx_sorted, perm=perm, wtype=UINT4B8, is_k_full=True), wdq
 
@@ -92,10 +98,25 @@ def gptq_layer(fns, K, N, G, dtype, gen, act_order=False):
 def forward(fns, lay, x, N, K, bias):
     """apply_gptq_marlin_linear / apply_awq_marlin_linear (SGLang 0.5.23): the GEMM, then SGLang adds the bias."""
     x2 = x.reshape(-1, x.shape[-1])
-    out = fns.gptq_marlin_gemm(x2, None, lay["weight"], lay["scales"], None, lay["zp"], lay["g_idx"], lay["perm"],
-                               torch.zeros(132, dtype=torch.int, device="cuda"), lay["wtype"], size_m=x2.shape[0],
-                               size_n=N, size_k=K, is_k_full=lay["is_k_full"], use_atomic_add=False,
-                               use_fp32_reduce=True, is_zp_float=False)
+    out = fns.gptq_marlin_gemm(
+        x2,
+        None,
+        lay["weight"],
+        lay["scales"],
+        None,
+        lay["zp"],
+        lay["g_idx"],
+        lay["perm"],
+        torch.zeros(132, dtype=torch.int, device="cuda"),
+        lay["wtype"],
+        size_m=x2.shape[0],
+        size_n=N,
+        size_k=K,
+        is_k_full=lay["is_k_full"],
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+    )
     if bias is not None:
         out.add_(bias)
     return out.reshape(x.shape[:-1] + (N,))
@@ -103,8 +124,9 @@ def forward(fns, lay, x, N, K, bias):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("kind,G", [("awq", 128), ("awq", 32), ("awq", -1), ("gptq", 128), ("gptq", 64),
-                                    ("gptq", -1), ("gptq_act", 128)])
+@pytest.mark.parametrize(
+    "kind,G", [("awq", 128), ("awq", 32), ("awq", -1), ("gptq", 128), ("gptq", 64), ("gptq", -1), ("gptq_act", 128)]
+)
 def test_layer_matches_fp32(sg, kind, G, dtype, with_bias):
     fns, orig = sg
     K, N = 1024, 384
@@ -156,18 +178,24 @@ def test_unsupported_goes_to_sglang(sg):
     """8-bit GPTQ and act-order on a row-parallel shard: SGLang's functions get the call, unchanged."""
     fns, orig = sg
     K, N = 256, 128
-    qw = torch.randint(-2**31, 2**31 - 1, (K // 4, N), dtype=torch.int32, device="cuda")
+    qw = torch.randint(-(2**31), 2**31 - 1, (K // 4, N), dtype=torch.int32, device="cuda")
     empty = torch.empty(0, dtype=torch.int, device="cuda")
     assert fns.gptq_marlin_repack(qw, perm=empty, size_k=K, size_n=N, num_bits=8) == "sglang"
     x = torch.randn(4, K, device="cuda").half()
     s = torch.rand(K // 128, N, device="cuda").half()
     w8 = torch.zeros(K // 16, 4 * N, dtype=torch.int32, device="cuda")
-    assert fns.gptq_marlin_gemm(x, None, w8, s, None, empty, empty, empty, empty, UINT8B128, size_m=4, size_n=N,
-                                size_k=K) == "sglang"
+    assert (
+        fns.gptq_marlin_gemm(x, None, w8, s, None, empty, empty, empty, empty, UINT8B128, size_m=4, size_n=N, size_k=K)
+        == "sglang"
+    )
     w4 = torch.zeros(K // 16, 2 * N, dtype=torch.int32, device="cuda")
     g_idx = (torch.arange(K, device="cuda") // 128).int()
     perm = torch.arange(K, device="cuda").int()
-    assert fns.gptq_marlin_gemm(x, None, w4, s, None, empty, g_idx, perm, empty, UINT4B8, size_m=4, size_n=N,
-                                size_k=K, is_k_full=False) == "sglang"
+    assert (
+        fns.gptq_marlin_gemm(
+            x, None, w4, s, None, empty, g_idx, perm, empty, UINT4B8, size_m=4, size_n=N, size_k=K, is_k_full=False
+        )
+        == "sglang"
+    )
     assert [c[0] for c in orig.calls] == ["gptq_marlin_repack", "gptq_marlin_gemm", "gptq_marlin_gemm"]
     assert orig.calls[0][1]["b_q_weight"] is qw and orig.calls[2][1]["is_k_full"] is False

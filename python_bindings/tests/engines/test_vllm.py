@@ -6,6 +6,7 @@ twins of the GPU converters), so vLLM's real linear-method and kernel classes ru
 process_weights_after_loading and apply end to end, and what reaches w4a16 is checked bit for bit against what
 w4a16.formats computes from the checkpoint tensors. Only vLLM's GPU environment is stood in for (the Marlin workspace
 allocation and the kernel choice, which ask the GPU); the layer code itself is vLLM's."""
+
 import importlib
 import importlib.metadata
 import json
@@ -80,6 +81,7 @@ def test_unknown_release_leaves_vllm_untouched(monkeypatch):
 def _capture_log(monkeypatch):
     """The adapter's log lines (its logger is a child of vLLM's, which does not propagate to pytest's capture)."""
     import logging
+
     lines = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())
@@ -93,27 +95,33 @@ def _plugin_env(tmp_path):
     """A dist-info holding the entry point that python_bindings/pyproject.toml declares, so that vLLM's real plugin
     loader (importlib.metadata entry points of group vllm.general_plugins) finds w4a16 as an installed package."""
     import tomllib
+
     project = tomllib.load(open(os.path.join(ROOT, "python_bindings", "pyproject.toml"), "rb"))["project"]
     eps = project["entry-points"]["vllm.general_plugins"]
     dist = tmp_path / f"w4a16-{project['version']}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: w4a16\nVersion: {project['version']}\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(ROOT, "python_bindings")]),
-               LD_PRELOAD=os.environ["W4A16_STUB_DRIVER"], VLLM_LOGGING_LEVEL="INFO")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(ROOT, "python_bindings")]),
+        LD_PRELOAD=os.environ["W4A16_STUB_DRIVER"],
+        VLLM_LOGGING_LEVEL="INFO",
+    )
     return env
 
 
 # As a vLLM process starts: logging configured (0.33 does it per process from the config), then the plugins loaded.
-_LOAD = ("import vllm.logger as L\n"
-         "if hasattr(L, 'configure_logging'):\n"
-         "    from vllm.config.logging import LoggingConfig; L.configure_logging(LoggingConfig())\n"
-         "from vllm.plugins import load_general_plugins; load_general_plugins(); "
-         "from w4a16.engines import vllm as a; import torch; "
-         "print('INSTALLED', a.installed() is not None, a.installed() and a.installed().generation.name); "
-         "print('DUMP', a.installed() is not None and "
-         "'w4a16' in torch._C._dispatch_dump('_C::' + a.installed().generation.gemm))")
+_LOAD = (
+    "import vllm.logger as L\n"
+    "if hasattr(L, 'configure_logging'):\n"
+    "    from vllm.config.logging import LoggingConfig; L.configure_logging(LoggingConfig())\n"
+    "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+    "from w4a16.engines import vllm as a; import torch; "
+    "print('INSTALLED', a.installed() is not None, a.installed() and a.installed().generation.name); "
+    "print('DUMP', a.installed() is not None and "
+    "'w4a16' in torch._C._dispatch_dump('_C::' + a.installed().generation.gemm))"
+)
 
 
 def test_plugin_loads_through_vllms_plugin_loader(tmp_path):
@@ -158,9 +166,19 @@ class Recorder:
         return a[:, perm.long()].contiguous()
 
     def marlin_gemm(self, a, b_q_weight, b_scales, b_zeros, b_bias, size_m, size_n, size_k):
-        self.calls.append(("marlin_gemm", a.clone(), b_q_weight.clone(), b_scales.clone(),
-                           None if b_zeros is None else b_zeros.clone(), None if b_bias is None else b_bias.clone(),
-                           size_m, size_n, size_k))
+        self.calls.append(
+            (
+                "marlin_gemm",
+                a.clone(),
+                b_q_weight.clone(),
+                b_scales.clone(),
+                None if b_zeros is None else b_zeros.clone(),
+                None if b_bias is None else b_bias.clone(),
+                size_m,
+                size_n,
+                size_k,
+            )
+        )
         self.out = torch.randn(size_m, size_n).to(a.dtype)  # what vLLM must hand back unchanged
         return self.out.clone()
 
@@ -172,8 +190,9 @@ class Recorder:
     def awq_dequantize(self, qweight, scales, zeros, split_k_iters, thx, thy):
         self.calls.append(("awq_dequantize", qweight.clone(), scales.clone(), zeros.clone()))
         g = qweight.shape[0] // scales.shape[0]
-        return torch.from_numpy(formats.awq_dequantize(qweight.numpy(), zeros.numpy(), scales.float().numpy(),
-                                                       g)).to(scales.dtype)
+        return torch.from_numpy(formats.awq_dequantize(qweight.numpy(), zeros.numpy(), scales.float().numpy(), g)).to(
+            scales.dtype
+        )
 
     def named(self, name):
         return [c for c in self.calls if c[0] == name]
@@ -183,9 +202,16 @@ class Recorder:
 def rec(monkeypatch):
     """The adapter installed for CPU tensors, with w4a16's ops recorded; removed again after the test."""
     import w4a16.torch as wt
+
     r = Recorder()
-    for name in ("awq_marlin_repack", "gptq_marlin_repack", "permute_cols", "marlin_gemm", "awq_gemm",
-                 "awq_dequantize"):
+    for name in (
+        "awq_marlin_repack",
+        "gptq_marlin_repack",
+        "permute_cols",
+        "marlin_gemm",
+        "awq_gemm",
+        "awq_dequantize",
+    ):
         monkeypatch.setattr(wt, name, getattr(r, name))
     adapter_mod.uninstall()
     a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
@@ -218,8 +244,10 @@ def _vllm_env(monkeypatch):
 
 
 def _marlin_kernel_module():
-    for name in ("vllm.model_executor.kernels.linear.mixed_precision.marlin",
-                 "vllm.model_executor.layers.quantization.kernels.mixed_precision.marlin"):
+    for name in (
+        "vllm.model_executor.kernels.linear.mixed_precision.marlin",
+        "vllm.model_executor.layers.quantization.kernels.mixed_precision.marlin",
+    ):
         try:
             return importlib.import_module(name)
         except ImportError:
@@ -273,11 +301,19 @@ def _awq_layer(K, N, G, dtype, bias):
     layer = torch.nn.Module()
     try:
         from vllm.model_executor.layers.quantization.awq_marlin import AWQMarlinConfig, AWQMarlinLinearMethod
-        cfg = AWQMarlinConfig(weight_bits=4, group_size=G, zero_point=True, lm_head_quantized=False,
-                              modules_to_not_convert=None, full_config={})
+
+        cfg = AWQMarlinConfig(
+            weight_bits=4,
+            group_size=G,
+            zero_point=True,
+            lm_head_quantized=False,
+            modules_to_not_convert=None,
+            full_config={},
+        )
         method = AWQMarlinLinearMethod(cfg)
     except ImportError:
         from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQMarlinLinearMethod
+
         cfg = AutoAWQConfig.from_config({"bits": 4, "group_size": G, "zero_point": True})
         method = AutoAWQMarlinLinearMethod(cfg)
     method.create_weights(layer, K, [N], K, N, dtype, weight_loader=lambda *a, **k: None)
@@ -300,11 +336,20 @@ def _gptq_layer(K, N, G, dtype, bias, act_order=False, k_shard=None):
     layer = torch.nn.Module()
     try:
         from vllm.model_executor.layers.quantization.gptq_marlin import GPTQMarlinConfig, GPTQMarlinLinearMethod
-        cfg = GPTQMarlinConfig(weight_bits=4, group_size=G, desc_act=act_order, is_sym=True,
-                               lm_head_quantized=False, dynamic={}, full_config={})
+
+        cfg = GPTQMarlinConfig(
+            weight_bits=4,
+            group_size=G,
+            desc_act=act_order,
+            is_sym=True,
+            lm_head_quantized=False,
+            dynamic={},
+            full_config={},
+        )
         method = GPTQMarlinLinearMethod(cfg)
     except ImportError:
         from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig, AutoGPTQLinearMethod
+
         cfg = AutoGPTQConfig.from_config({"bits": 4, "group_size": G, "desc_act": act_order, "sym": True})
         method = AutoGPTQLinearMethod(cfg)
     method.create_weights(layer, Kp, [N], K, N, dtype, weight_loader=lambda *a, **k: None)
@@ -347,9 +392,9 @@ def test_awq_marlin_layer(rec, monkeypatch, dtype, bias, K, N, G):
     repacks = rec.named("awq_marlin_repack") + rec.named("gptq_marlin_repack")
     assert len(repacks) == 1
     r = repacks[0]
-    if r[0] == "awq_marlin_repack":   # 0.15-0.22: AWQ words straight to the AWQ repack
+    if r[0] == "awq_marlin_repack":  # 0.15-0.22: AWQ words straight to the AWQ repack
         assert _same(r[1], qw) and r[2:] == (K, N, 4)
-    else:                              # newer: vLLM turns AWQ into the GPTQ packing first
+    else:  # newer: vLLM turns AWQ into the GPTQ packing first
         assert r[2].numel() == 0 and r[3:] == (K, N, 4)
         assert np.array_equal(formats.marlin_repack_gptq(r[1].numpy()), want_w)
 
@@ -436,9 +481,11 @@ def test_awq_plain_layer(rec, monkeypatch, dtype, tokens):
     qw, qz, s = _awq_checkpoint(K, N, G, dtype, seed=5)
     try:
         from vllm.model_executor.layers.quantization.awq import AWQConfig, AWQLinearMethod
+
         method = AWQLinearMethod(AWQConfig(weight_bits=4, group_size=G, zero_point=True))
     except ImportError:
         from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQLinearMethod
+
         method = AutoAWQLinearMethod(AutoAWQConfig.from_config({"bits": 4, "group_size": G, "zero_point": True}))
     layer = torch.nn.Module()
     method.create_weights(layer, K, [N], K, N, dtype, weight_loader=lambda *a, **k: None)
@@ -462,18 +509,35 @@ def test_awq_plain_layer(rec, monkeypatch, dtype, tokens):
 
 
 # ---------------------------------------------------------------------------------------------- what stays on vLLM
-def _gemm_args(dtype=torch.float16, a_scales=None, global_scale=None, type_name="uint4", is_zp_float=False,
-               K=256, N=128):
+def _gemm_args(
+    dtype=torch.float16, a_scales=None, global_scale=None, type_name="uint4", is_zp_float=False, K=256, N=128
+):
     """A call of this vLLM's GEMM op, its arguments in the order of its schema."""
     from vllm.scalar_type import scalar_types
+
     e = torch.empty(0, dtype=torch.int32)
-    v = dict(a=torch.randn(4, K).to(dtype), c_or_none=None, b_q_weight=torch.zeros(K // 16, 2 * N, dtype=torch.int32),
-             b_bias_or_none=None, b_scales=torch.ones(K // 128, N).to(dtype), a_scales=a_scales,
-             global_scale=global_scale, b_zeros_or_none=torch.zeros(K // 128, N // 8, dtype=torch.int32),
-             g_idx_or_none=e, perm_or_none=e, workspace=torch.zeros(128, dtype=torch.int32),
-             b_type_id=getattr(scalar_types, type_name).id, b_q_type=getattr(scalar_types, type_name).id,
-             size_m=4, size_n=N, size_k=K, is_k_full=True, use_atomic_add=False, use_fp32_reduce=True,
-             is_zp_float=is_zp_float)
+    v = dict(
+        a=torch.randn(4, K).to(dtype),
+        c_or_none=None,
+        b_q_weight=torch.zeros(K // 16, 2 * N, dtype=torch.int32),
+        b_bias_or_none=None,
+        b_scales=torch.ones(K // 128, N).to(dtype),
+        a_scales=a_scales,
+        global_scale=global_scale,
+        b_zeros_or_none=torch.zeros(K // 128, N // 8, dtype=torch.int32),
+        g_idx_or_none=e,
+        perm_or_none=e,
+        workspace=torch.zeros(128, dtype=torch.int32),
+        b_type_id=getattr(scalar_types, type_name).id,
+        b_q_type=getattr(scalar_types, type_name).id,
+        size_m=4,
+        size_n=N,
+        size_k=K,
+        is_k_full=True,
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=is_zp_float,
+    )
     return tuple(v[n] for n in GEN.arg_names(GEN.gemm))
 
 
@@ -485,9 +549,14 @@ def _gemm_op():
 def test_unsupported_gemm_goes_to_vllms_kernel(rec, case):
     if case == "a_scales" and "a_scales" not in GEN.arg_names(GEN.gemm):
         pytest.skip("this vLLM's GEMM takes no activation scales")
-    kw = {"a_scales": dict(a_scales=torch.ones(4)), "global_scale": dict(global_scale=torch.ones(1)),
-          "uint8b128": dict(type_name="uint8b128"), "is_zp_float": dict(is_zp_float=True),
-          "fp32": dict(dtype=torch.float32), "K=192": dict(K=192)}[case]
+    kw = {
+        "a_scales": dict(a_scales=torch.ones(4)),
+        "global_scale": dict(global_scale=torch.ones(1)),
+        "uint8b128": dict(type_name="uint8b128"),
+        "is_zp_float": dict(is_zp_float=True),
+        "fp32": dict(dtype=torch.float32),
+        "K=192": dict(K=192),
+    }[case]
     with pytest.raises(NotImplementedError, match=f"_C::{GEN.gemm}"):  # vLLM's own (CUDA) kernel was reached
         _gemm_op()(*_gemm_args(**kw))
     assert rec.named("marlin_gemm") == [] and rec.adapter.fell_back == {GEN.gemm: 1}
@@ -503,8 +572,14 @@ def test_unsupported_repack_goes_to_vllms_kernel(rec, num_bits, is_a_8bit):
     names = GEN.arg_names("gptq_marlin_repack")
     if is_a_8bit and "is_a_8bit" not in names:
         pytest.skip("this vLLM's repack has no 8-bit activation layout")
-    v = dict(b_q_weight=torch.zeros(256 // 8, 128, dtype=torch.int32), perm=torch.empty(0, dtype=torch.int32),
-             size_k=256, size_n=128, num_bits=num_bits, is_a_8bit=is_a_8bit)
+    v = dict(
+        b_q_weight=torch.zeros(256 // 8, 128, dtype=torch.int32),
+        perm=torch.empty(0, dtype=torch.int32),
+        size_k=256,
+        size_n=128,
+        num_bits=num_bits,
+        is_a_8bit=is_a_8bit,
+    )
     with pytest.raises(NotImplementedError, match="_C::gptq_marlin_repack"):
         torch.ops._C.gptq_marlin_repack(*(v[n] for n in names))
     assert rec.named("gptq_marlin_repack") == []
@@ -513,6 +588,7 @@ def test_unsupported_repack_goes_to_vllms_kernel(rec, num_bits, is_a_8bit):
 def test_repack_accepts_vllms_keyword_call(rec):
     """The exact call vLLM's layer code makes, keywords and is_a_8bit included (the old adapter raised TypeError)."""
     import vllm._custom_ops as ops
+
     q = torch.from_numpy(formats.awq_pack(np.random.default_rng(1).integers(0, 16, (256, 128), dtype=np.uint8)))
     if "is_a_8bit" in GEN.arg_names("awq_marlin_repack"):
         out = ops.awq_marlin_repack(q, size_k=256, size_n=128, num_bits=4, is_a_8bit=False)
@@ -532,6 +608,7 @@ def test_uninstall_restores_vllms_kernels(rec):
 # ---------------------------------------------------------------------------------------------- bias order
 def test_bias_unpermute_inverts_vllms_marlin_permute_bias():
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
+
     b = torch.randn(256).half()
     permuted = marlin_permute_bias(b)
     assert not torch.equal(permuted, b)

@@ -7,6 +7,7 @@ GEMM records its arguments and writes random rows. vLLM's own code runs the expe
 `fused_marlin_moe`, whose two `_moe_C::moe_wna16_marlin_gemm` calls reach w4a16 through the dispatcher. Stood in for:
 vLLM's routing kernel (moe_align_block_size, CUDA only; replaced by a CPU twin of its documented output) and the
 SiLU-and-mul activation kernel (CUDA only)."""
+
 import importlib
 import importlib.metadata
 import inspect
@@ -21,7 +22,7 @@ import torch
 vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
 
 from conftest import schema_record_path  # noqa: E402
-from test_vllm import Recorder, _LOAD, _capture_log, _plugin_env, _same  # noqa: E402
+from test_vllm import _LOAD, Recorder, _capture_log, _plugin_env, _same  # noqa: E402
 from w4a16 import formats  # noqa: E402
 from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
@@ -88,8 +89,9 @@ def test_changed_moe_schema_keeps_moe_on_vllm(monkeypatch):
 
 
 def test_plugin_logs_the_moe_op_as_served(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=_plugin_env(tmp_path),
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD], capture_output=True, text=True, env=_plugin_env(tmp_path), timeout=600
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     line = next((s for s in text.splitlines() if "serves vLLM" in s), None)
@@ -114,13 +116,51 @@ def test_installs_over_vllms_cuda_moe_kernel():
 class MoeRecorder(Recorder):
     """Also stands in for w4a16.moe._grouped (what the adapter calls): records, then writes random rows into c."""
 
-    def grouped(self, layout, a, c, w, bias, scales, zeros, sorted_ids, expert_ids, npp, topk_weights,
-                mul_topk_weights, block_size, top_k, size_m, size_n, size_k):
-        cl = (lambda t: None if t is None else t.clone())
-        self.calls.append(("moe_gemm", dict(layout=layout, a=cl(a), c=c, w=cl(w), bias=cl(bias), scales=cl(scales),
-                                            zeros=cl(zeros), sorted_ids=sorted_ids, expert_ids=expert_ids, npp=npp,
-                                            topk_weights=topk_weights, mul=mul_topk_weights, block=block_size,
-                                            top_k=top_k, m=size_m, n=size_n, k=size_k)))
+    def grouped(
+        self,
+        layout,
+        a,
+        c,
+        w,
+        bias,
+        scales,
+        zeros,
+        sorted_ids,
+        expert_ids,
+        npp,
+        topk_weights,
+        mul_topk_weights,
+        block_size,
+        top_k,
+        size_m,
+        size_n,
+        size_k,
+    ):
+        cl = lambda t: None if t is None else t.clone()
+        self.calls.append(
+            (
+                "moe_gemm",
+                dict(
+                    layout=layout,
+                    a=cl(a),
+                    c=c,
+                    w=cl(w),
+                    bias=cl(bias),
+                    scales=cl(scales),
+                    zeros=cl(zeros),
+                    sorted_ids=sorted_ids,
+                    expert_ids=expert_ids,
+                    npp=npp,
+                    topk_weights=topk_weights,
+                    mul=mul_topk_weights,
+                    block=block_size,
+                    top_k=top_k,
+                    m=size_m,
+                    n=size_n,
+                    k=size_k,
+                ),
+            )
+        )
         if c is None:
             c = torch.empty(size_m * top_k, size_n, dtype=a.dtype)
         c.copy_(torch.randn(size_m * top_k, size_n))
@@ -132,6 +172,7 @@ class MoeRecorder(Recorder):
 def rec(monkeypatch):
     import w4a16.moe
     import w4a16.torch as wt
+
     r = MoeRecorder()
     for name in ("awq_marlin_repack", "gptq_marlin_repack", "marlin_gemm"):
         monkeypatch.setattr(wt, name, getattr(r, name))
@@ -144,8 +185,9 @@ def rec(monkeypatch):
     adapter_mod.uninstall()
 
 
-def align_cpu(topk_ids, block_size, num_experts, expert_map=None, pad_sorted_ids=False, ignore_invalid_experts=False,
-              **kw):
+def align_cpu(
+    topk_ids, block_size, num_experts, expert_map=None, pad_sorted_ids=False, ignore_invalid_experts=False, **kw
+):
     """CPU twin of vLLM's moe_align_block_size output (its buffer sizes; each expert's pair indices padded to a
     multiple of block_size with numel; the expert of each block)."""
     assert expert_map is None
@@ -157,16 +199,18 @@ def align_cpu(topk_ids, block_size, num_experts, expert_map=None, pad_sorted_ids
     for e in range(num_experts):
         idx = (flat == e).nonzero().flatten().to(torch.int32)
         if idx.numel():
-            sorted_ids[pos:pos + idx.numel()] = idx
+            sorted_ids[pos : pos + idx.numel()] = idx
             nb = (idx.numel() + block_size - 1) // block_size
-            expert_ids[pos // block_size:pos // block_size + nb] = e
+            expert_ids[pos // block_size : pos // block_size + nb] = e
             pos += nb * block_size
     return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32)
 
 
 def _fused_module():
-    for name in ("vllm.model_executor.layers.fused_moe.experts.marlin_moe",
-                 "vllm.model_executor.layers.fused_moe.fused_marlin_moe"):
+    for name in (
+        "vllm.model_executor.layers.fused_moe.experts.marlin_moe",
+        "vllm.model_executor.layers.fused_moe.fused_marlin_moe",
+    ):
         try:
             return importlib.import_module(name)
         except ImportError:
@@ -202,6 +246,7 @@ def _vllm_process(method, qw, qz, s, K, N, G):
     """What vLLM's AWQ / GPTQ Marlin MoE methods do to the checkpoint after loading, with vLLM's own helpers."""
     import vllm._custom_ops as ops
     from vllm.model_executor.layers.quantization.utils import marlin_utils as mu
+
     E = qw.shape[0]
     repack = ops.awq_marlin_moe_repack if method == "awq" else ops.gptq_marlin_moe_repack
     extra = {"perm": torch.empty((E, 0), dtype=torch.int32)} if "perm" in inspect.signature(repack).parameters else {}
@@ -216,13 +261,13 @@ def _want(method, qw, qz, s, K, N, G):
     E = qw.shape[0]
     if method == "awq":
         w = [formats.marlin_repack_awq(qw[e].numpy()) for e in range(E)]
-        z = torch.from_numpy(np.stack([formats.awq_to_marlin_zero_points(qz[e].numpy(), K // G, N)
-                                       for e in range(E)]))
+        z = torch.from_numpy(np.stack([formats.awq_to_marlin_zero_points(qz[e].numpy(), K // G, N) for e in range(E)]))
     else:
         w = [formats.marlin_repack_gptq(qw[e].numpy()) for e in range(E)]
         z = None
-    sc = torch.from_numpy(np.stack([formats.marlin_permute_scales(s[e].float().numpy(), K, N, G)
-                                    for e in range(E)])).to(s.dtype)
+    sc = torch.from_numpy(
+        np.stack([formats.marlin_permute_scales(s[e].float().numpy(), K, N, G) for e in range(E)])
+    ).to(s.dtype)
     return torch.from_numpy(np.stack(w)), sc, z
 
 
@@ -234,6 +279,7 @@ def _want(method, qw, qz, s, K, N, G):
 def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, G):
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
     from vllm.scalar_type import scalar_types
+
     H, inter, top_k = 256, 128, 2
     fm = _fused_module()
     monkeypatch.setattr(fm, "moe_align_block_size", align_cpu)
@@ -253,11 +299,22 @@ def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, 
     # keywords from topk_weights on: up to 0.14 a gating_output argument comes before it
     extra = {"gating_output": None} if "gating_output" in inspect.signature(fm.fused_marlin_moe).parameters else {}
     y = fm.fused_marlin_moe(
-        x, w13, w2, None if b13 is None else marlin_permute_bias(b13), None if b2 is None else marlin_permute_bias(b2),
-        sc13, sc2, topk_weights=topk_weights, topk_ids=topk_ids,
+        x,
+        w13,
+        w2,
+        None if b13 is None else marlin_permute_bias(b13),
+        None if b2 is None else marlin_permute_bias(b2),
+        sc13,
+        sc2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
         quant_type_id=(scalar_types.uint4 if method == "awq" else scalar_types.uint4b8).id,
-        activation_func=_silu_and_mul, w1_zeros=z13, w2_zeros=z2, workspace=torch.zeros(256, dtype=torch.int32),
-        **extra)
+        activation_func=_silu_and_mul,
+        w1_zeros=z13,
+        w2_zeros=z2,
+        workspace=torch.zeros(256, dtype=torch.int32),
+        **extra,
+    )
 
     assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
     c1, c2 = [c[1] for c in rec.named("moe_gemm")]
@@ -287,19 +344,42 @@ def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, 
 def _moe_args(dtype=torch.float16, type_name="uint4", block=16, K=256, N=128, **over):
     """A call of this vLLM's MoE GEMM op (E = 4, T = 3, top_k = 2), its arguments in the order of its schema."""
     from vllm.scalar_type import scalar_types
+
     E, T, top_k = 4, 3, 2
     topk_ids = torch.tensor([[0, 1], [1, 2], [3, 0]], dtype=torch.int32)
     sorted_ids, expert_ids, npp = align_cpu(topk_ids, block, E)
     e = torch.empty(0, dtype=torch.int32)
-    v = dict(a=torch.randn(T, K).to(dtype), c_or_none=None,
-             b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32), b_bias_or_none=None,
-             b_scales=torch.ones(E, K // 128, N).to(dtype), a_scales=None, global_scale=None,
-             b_zeros_or_none=torch.zeros(E, K // 128, N // 8, dtype=torch.int32), g_idx_or_none=e, perm_or_none=e,
-             workspace=torch.zeros(128, dtype=torch.int32), sorted_token_ids=sorted_ids, expert_ids=expert_ids,
-             num_tokens_past_padded=npp, topk_weights=torch.rand(T, top_k), moe_block_size=block, top_k=top_k,
-             mul_topk_weights=False, b_type_id=getattr(scalar_types, type_name).id, size_m=T, size_n=N, size_k=K,
-             is_full_k=True, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False, thread_k=-1,
-             thread_n=-1, blocks_per_sm=-1)
+    v = dict(
+        a=torch.randn(T, K).to(dtype),
+        c_or_none=None,
+        b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32),
+        b_bias_or_none=None,
+        b_scales=torch.ones(E, K // 128, N).to(dtype),
+        a_scales=None,
+        global_scale=None,
+        b_zeros_or_none=torch.zeros(E, K // 128, N // 8, dtype=torch.int32),
+        g_idx_or_none=e,
+        perm_or_none=e,
+        workspace=torch.zeros(128, dtype=torch.int32),
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_past_padded=npp,
+        topk_weights=torch.rand(T, top_k),
+        moe_block_size=block,
+        top_k=top_k,
+        mul_topk_weights=False,
+        b_type_id=getattr(scalar_types, type_name).id,
+        size_m=T,
+        size_n=N,
+        size_k=K,
+        is_full_k=True,
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+        thread_k=-1,
+        thread_n=-1,
+        blocks_per_sm=-1,
+    )
     v.update(over)
     names = GEN.arg_names(MOE)
     assert not set(over) - set(names), "argument not in this vLLM's schema"
@@ -320,10 +400,16 @@ _CASES = {
     "is_zp_float": dict(is_zp_float=True),
     "fp32": dict(dtype=torch.float32),
     "block 128": dict(block=128),
-    "K=96": dict(K=96, b_q_weight=torch.zeros(4, 6, 256, dtype=torch.int32), b_scales=torch.ones(4, 1, 128).half(),
-                 b_zeros_or_none=torch.zeros(4, 1, 16, dtype=torch.int32)),
-    "act-order": dict(g_idx_or_none=torch.zeros(4, 256, dtype=torch.int32),
-                      perm_or_none=torch.arange(256, dtype=torch.int32).repeat(4, 1)),
+    "K=96": dict(
+        K=96,
+        b_q_weight=torch.zeros(4, 6, 256, dtype=torch.int32),
+        b_scales=torch.ones(4, 1, 128).half(),
+        b_zeros_or_none=torch.zeros(4, 1, 16, dtype=torch.int32),
+    ),
+    "act-order": dict(
+        g_idx_or_none=torch.zeros(4, 256, dtype=torch.int32),
+        perm_or_none=torch.arange(256, dtype=torch.int32).repeat(4, 1),
+    ),
     "is_full_k=False": dict(is_full_k=False),
 }
 
@@ -344,6 +430,7 @@ def test_w4a16_refusal_goes_to_vllms_kernel(rec, monkeypatch):
 
     def refuse(*a, **k):
         raise ValueError("w4a16: b_scales must be [E, K/G, N]")
+
     monkeypatch.setattr(w4a16.moe, "_grouped", refuse)
     with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
         _moe_op()(*_moe_args())
@@ -360,10 +447,13 @@ def test_uninstall_restores_vllms_moe_kernel(rec):
 def test_moe_op_compiles_fullgraph(rec):
     """torch.compile traces vLLM's MoE op with its fake implementation; the compiled graph reaches w4a16."""
     import vllm._custom_ops as ops
+
     fake = getattr(ops, "moe_wna16_marlin_gemm_fake", None)
     if fake is not None and len(inspect.signature(fake).parameters) != len(GEN.arg_names(MOE)):
-        pytest.skip(f"vLLM {VERSION}'s own fake implementation of {MOE} does not take its schema's arguments, so "
-                    "torch.compile cannot trace the op on any kernel")
+        pytest.skip(
+            f"vLLM {VERSION}'s own fake implementation of {MOE} does not take its schema's arguments, so "
+            "torch.compile cannot trace the op on any kernel"
+        )
     args = _moe_args()
     fn = torch.compile(lambda a: _moe_op()(a, *args[1:]), fullgraph=True, backend="aot_eager")
     out = fn(args[0])

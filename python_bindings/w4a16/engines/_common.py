@@ -6,6 +6,7 @@ through a second custom op, `torch.ops.vllm.marlin_gemm`, that calls it), and to
 in its graph. A replacement of Python module attributes is bypassed by both; a kernel registered for the op's CUDA
 dispatch key is what every caller (eager, compiled graph, CUDA-graph replay of a capture) ends up running. The
 op's schema and its fake (meta) implementation stay the engine's, so tracing and torch.compile see the same op."""
+
 import logging
 
 import torch
@@ -78,8 +79,10 @@ class Overrides:
     def call_original(self, name, keyset, *args):
         kernel = self._originals[name]
         if kernel is None:
-            raise NotImplementedError(f"Could not run '{self.namespace}::{name}' with arguments from the "
-                                      f"'{self.dispatch_key}' backend: the engine has no kernel for it")
+            raise NotImplementedError(
+                f"Could not run '{self.namespace}::{name}' with arguments from the "
+                f"'{self.dispatch_key}' backend: the engine has no kernel for it"
+            )
         return kernel.call_boxed(keyset, *args)
 
     def remove(self):
@@ -97,12 +100,18 @@ def device_supported(device):
     ok = _device_ok.get(idx)
     if ok is None:
         import w4a16
+
         try:
             info = w4a16.device_info(idx)
             ok = bool(info["supported"])
             if not ok:
-                log.warning("w4a16: device %d (%s) is not supported by this w4a16 (%s); its layers stay on the "
-                            "engine's kernels", idx, info["name"], info["reason"])
+                log.warning(
+                    "w4a16: device %d (%s) is not supported by this w4a16 (%s); its layers stay on the "
+                    "engine's kernels",
+                    idx,
+                    info["name"],
+                    info["reason"],
+                )
         except w4a16.W4A16Error as e:
             log.warning("w4a16: cannot query device %d (%s); its layers stay on the engine's kernels", idx, e)
             ok = False

@@ -14,6 +14,7 @@ SGLang's fused Marlin MoE kernel (their per-expert repack goes through the same,
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
 as it is. W4A16_SGLANG=0 keeps SGLang's kernels (or leave `w4a16` out of SGLANG_PLUGINS)."""
+
 import importlib
 import inspect
 import logging
@@ -33,8 +34,10 @@ SORT_G_IDX = ("marlin_sort_g_idx", "sglang.srt.layers.quantization.marlin_utils"
 # Per SGLang release: the parameters (name=default) of each hooked function, and the ids of the weight types that
 # w4a16 serves (sgl_kernel.scalar_type). Read from the installed packages by tests/engines/test_sglang.py, which
 # fails when an installed release differs from its record.
-_GEMM_PARAMS = ("a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, "
-                "size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False")
+_GEMM_PARAMS = (
+    "a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, "
+    "size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False"
+)
 KNOWN = {
     "0.5.23": {
         "sglang_kernel": "0.4.10",
@@ -77,13 +80,23 @@ def live_schema():
     for name, module in list(TARGETS.items()) + [SORT_G_IDX]:
         params[name] = params_of(getattr(importlib.import_module(module), name))
     from sglang.srt.layers.quantization.utils import get_scalar_types
+
     _, scalar_types = get_scalar_types()
     ids = {t: getattr(getattr(scalar_types, t, None), "id", None) for t in ("uint4", "uint4b8")}
     import torch
-    ops = {str(s.name): str(s) for s in torch._C._jit_get_all_schemas()
-           if s.name.startswith("sgl_kernel::") and any(w in s.name for w in ("marlin", "gptq", "awq"))}
-    return {"sglang": ver("sglang"), "sglang_kernel": ver("sglang-kernel", "sgl-kernel"), "params": params,
-            "scalar_type_ids": ids, "sgl_kernel_marlin_ops": ops}
+
+    ops = {
+        str(s.name): str(s)
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("sgl_kernel::") and any(w in s.name for w in ("marlin", "gptq", "awq"))
+    }
+    return {
+        "sglang": ver("sglang"),
+        "sglang_kernel": ver("sglang-kernel", "sgl-kernel"),
+        "params": params,
+        "scalar_type_ids": ids,
+        "sgl_kernel_marlin_ops": ops,
+    }
 
 
 def _once(key, level, msg, *args):
@@ -108,21 +121,44 @@ def make_hooks(uint4_id, uint4b8_id):
         return original(*args, **kwargs)
 
     def awq_marlin_repack(original, b_q_weight, size_k, size_n, num_bits):
-        if (num_bits == 4 and b_q_weight.dtype == torch.int32 and tuple(b_q_weight.shape) == (size_k, size_n // 8)
-                and size_k % 16 == 0 and size_n % 64 == 0):
+        if (
+            num_bits == 4
+            and b_q_weight.dtype == torch.int32
+            and tuple(b_q_weight.shape) == (size_k, size_n // 8)
+            and size_k % 16 == 0
+            and size_n % 64 == 0
+        ):
             wt.prepare(b_q_weight.device)  # the GEMM's workspace exists before any CUDA graph is captured
             return wt.awq_marlin_repack(b_q_weight.contiguous(), size_k, size_n, num_bits)
-        return pass_through(f"awq_marlin_repack num_bits={num_bits} K={size_k} N={size_n}", original, b_q_weight,
-                            size_k, size_n, num_bits)
+        return pass_through(
+            f"awq_marlin_repack num_bits={num_bits} K={size_k} N={size_n}",
+            original,
+            b_q_weight,
+            size_k,
+            size_n,
+            num_bits,
+        )
 
     def gptq_marlin_repack(original, b_q_weight, perm, size_k, size_n, num_bits):
-        if (num_bits == 4 and b_q_weight.dtype == torch.int32 and tuple(b_q_weight.shape) == (size_k // 8, size_n)
-                and size_k % 16 == 0 and size_n % 64 == 0
-                and (perm.numel() == 0 or (perm.numel() == size_k and perm.dtype == torch.int32))):
+        if (
+            num_bits == 4
+            and b_q_weight.dtype == torch.int32
+            and tuple(b_q_weight.shape) == (size_k // 8, size_n)
+            and size_k % 16 == 0
+            and size_n % 64 == 0
+            and (perm.numel() == 0 or (perm.numel() == size_k and perm.dtype == torch.int32))
+        ):
             wt.prepare(b_q_weight.device)
             return wt.gptq_marlin_repack(b_q_weight.contiguous(), perm.contiguous(), size_k, size_n, num_bits)
-        return pass_through(f"gptq_marlin_repack num_bits={num_bits} K={size_k} N={size_n}", original, b_q_weight,
-                            perm, size_k, size_n, num_bits)
+        return pass_through(
+            f"gptq_marlin_repack num_bits={num_bits} K={size_k} N={size_n}",
+            original,
+            b_q_weight,
+            perm,
+            size_k,
+            size_n,
+            num_bits,
+        )
 
     def marlin_sort_g_idx(original, g_idx):
         sorted_g_idx, sort_indices = original(g_idx)
@@ -134,18 +170,59 @@ def make_hooks(uint4_id, uint4b8_id):
             _state["act_order_groups"].add(k // counts.numel())
         else:
             _state["act_order_whole"] = False
-            _once("uneven", logging.WARNING, "w4a16: act-order groups of unequal size: act-order layers stay on "
-                  "SGLang's GEMM")
+            _once(
+                "uneven",
+                logging.WARNING,
+                "w4a16: act-order groups of unequal size: act-order layers stay on SGLang's GEMM",
+            )
         return sorted_g_idx, sort_indices
 
-    def gptq_marlin_gemm(original, a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace,
-                         b_q_type, size_m, size_n, size_k, is_k_full=True, use_atomic_add=False,
-                         use_fp32_reduce=False, is_zp_float=False):
+    def gptq_marlin_gemm(
+        original,
+        a,
+        c,
+        b_q_weight,
+        b_scales,
+        global_scale,
+        b_zeros,
+        g_idx,
+        perm,
+        workspace,
+        b_q_type,
+        size_m,
+        size_n,
+        size_k,
+        is_k_full=True,
+        use_atomic_add=False,
+        use_fp32_reduce=False,
+        is_zp_float=False,
+    ):
         args = (a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type)
-        kwargs = dict(size_m=size_m, size_n=size_n, size_k=size_k, is_k_full=is_k_full, use_atomic_add=use_atomic_add,
-                      use_fp32_reduce=use_fp32_reduce, is_zp_float=is_zp_float)
-        reason = _gemm_refusal(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, b_q_type, size_m,
-                               size_n, size_k, is_k_full, is_zp_float)
+        kwargs = dict(
+            size_m=size_m,
+            size_n=size_n,
+            size_k=size_k,
+            is_k_full=is_k_full,
+            use_atomic_add=use_atomic_add,
+            use_fp32_reduce=use_fp32_reduce,
+            is_zp_float=is_zp_float,
+        )
+        reason = _gemm_refusal(
+            a,
+            c,
+            b_q_weight,
+            b_scales,
+            global_scale,
+            b_zeros,
+            g_idx,
+            perm,
+            b_q_type,
+            size_m,
+            size_n,
+            size_k,
+            is_k_full,
+            is_zp_float,
+        )
         if reason:
             return pass_through(f"gptq_marlin_gemm {reason}", original, *args, **kwargs)
         # use_atomic_add / use_fp32_reduce tune SGLang's own kernel; w4a16 adds split-K partials in fp32, in order
@@ -154,15 +231,30 @@ def make_hooks(uint4_id, uint4b8_id):
         a2 = a.reshape(size_m, size_k).contiguous()
         if not _empty(g_idx):  # act-order: the weight rows were sorted by group with perm at load time
             a2 = wt.permute_cols(a2, perm)
-        out = wt.marlin_gemm(a2, b_q_weight, b_scales, None if _empty(b_zeros) else b_zeros, None, size_m, size_n,
-                             size_k)
+        out = wt.marlin_gemm(
+            a2, b_q_weight, b_scales, None if _empty(b_zeros) else b_zeros, None, size_m, size_n, size_k
+        )
         if c is not None:
             c.copy_(out)
             return c
         return out
 
-    def _gemm_refusal(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
-                      is_k_full, is_zp_float):
+    def _gemm_refusal(
+        a,
+        c,
+        b_q_weight,
+        b_scales,
+        global_scale,
+        b_zeros,
+        g_idx,
+        perm,
+        b_q_type,
+        size_m,
+        size_n,
+        size_k,
+        is_k_full,
+        is_zp_float,
+    ):
         """Why w4a16 does not take this call ('' when it does); only shapes, dtypes and load-time facts."""
         qid = getattr(b_q_type, "id", None)
         if qid not in (uint4_id, uint4b8_id):
@@ -193,8 +285,12 @@ def make_hooks(uint4_id, uint4b8_id):
             return "output tensor"
         return ""
 
-    return {"gptq_marlin_gemm": gptq_marlin_gemm, "awq_marlin_repack": awq_marlin_repack,
-            "gptq_marlin_repack": gptq_marlin_repack, "marlin_sort_g_idx": marlin_sort_g_idx}
+    return {
+        "gptq_marlin_gemm": gptq_marlin_gemm,
+        "awq_marlin_repack": awq_marlin_repack,
+        "gptq_marlin_repack": gptq_marlin_repack,
+        "marlin_sort_g_idx": marlin_sort_g_idx,
+    }
 
 
 def check(live):
@@ -203,8 +299,10 @@ def check(live):
     if known is None:
         return f"SGLang {live['sglang']} is not a release w4a16 was checked against ({', '.join(sorted(KNOWN))})"
     if live["sglang_kernel"] != known["sglang_kernel"]:
-        return (f"sglang-kernel {live['sglang_kernel']} is not the release recorded with SGLang {live['sglang']} "
-                f"({known['sglang_kernel']})")
+        return (
+            f"sglang-kernel {live['sglang_kernel']} is not the release recorded with SGLang {live['sglang']} "
+            f"({known['sglang_kernel']})"
+        )
     for name, params in known["params"].items():
         if live["params"].get(name) != params:
             return f"SGLang {live['sglang']} {name}({live['params'].get(name)}) differs from the recorded ({params})"
@@ -212,8 +310,10 @@ def check(live):
         if live["scalar_type_ids"].get(t) != want:
             return f"sgl-kernel scalar type {t} id {live['scalar_type_ids'].get(t)} (recorded {want})"
     if live["sgl_kernel_marlin_ops"] != known["sgl_kernel_marlin_ops"]:
-        return (f"sgl-kernel {live['sglang_kernel']} Marlin ops {sorted(live['sgl_kernel_marlin_ops'])} differ from "
-                f"the recorded ({sorted(known['sgl_kernel_marlin_ops'])})")
+        return (
+            f"sgl-kernel {live['sglang_kernel']} Marlin ops {sorted(live['sgl_kernel_marlin_ops'])} differ from "
+            f"the recorded ({sorted(known['sgl_kernel_marlin_ops'])})"
+        )
     return ""
 
 
@@ -234,6 +334,7 @@ def register():
         return False
     try:
         import w4a16
+
         hooks = make_hooks(live["scalar_type_ids"]["uint4"], live["scalar_type_ids"]["uint4b8"])
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except Exception as e:  # library missing or unusable: SGLang keeps its kernels
@@ -241,7 +342,12 @@ def register():
         return False
     for name, module in list(TARGETS.items()) + [SORT_G_IDX]:
         HookRegistry.register(f"{module}.{name}", hooks[name], HookType.AROUND)
-    log.info("w4a16: SGLang %s (sglang-kernel %s) ops now served by w4a16 %s: %s; MoE GEMMs, 8-bit and fp8/fp4 "
-             "Marlin stay on SGLang's kernels", live["sglang"], live["sglang_kernel"], w4a16.version(),
-             ", ".join(TARGETS))
+    log.info(
+        "w4a16: SGLang %s (sglang-kernel %s) ops now served by w4a16 %s: %s; MoE GEMMs, 8-bit and fp8/fp4 "
+        "Marlin stay on SGLang's kernels",
+        live["sglang"],
+        live["sglang_kernel"],
+        w4a16.version(),
+        ", ".join(TARGETS),
+    )
     return True

@@ -34,6 +34,7 @@ Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute
 natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
 use_fp32_reduce=False is not followed: w4a16 adds split-K partial sums in fp32 (at least as accurate). The decision
 costs a Python call per GEMM in eager mode; a CUDA-graph replay (vLLM's decode) runs without it."""
+
 import importlib.metadata
 import logging
 import os
@@ -46,31 +47,40 @@ from . import _common
 # A child of vLLM's logger, so the lines show in vLLM's own log output (vLLM's handler sits on "vllm").
 log = logging.getLogger("vllm.w4a16")
 
+
 def _schemas(gemm_name, gemm_args, gptq_repack, awq_repack):
     return {
         gemm_name: f"_C::{gemm_name}({gemm_args}) -> Tensor",
         "gptq_marlin_repack": f"_C::gptq_marlin_repack({gptq_repack}) -> Tensor",
         "awq_marlin_repack": f"_C::awq_marlin_repack({awq_repack}) -> Tensor",
         "awq_gemm": "_C::awq_gemm(Tensor _in_feats, Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
-                    "SymInt split_k_iters) -> Tensor",
+        "SymInt split_k_iters) -> Tensor",
         "awq_dequantize": "_C::awq_dequantize(Tensor _kernel, Tensor _scaling_factors, Tensor _zeros, "
-                          "SymInt split_k_iters, int thx, int thy) -> Tensor",
+        "SymInt split_k_iters, int thx, int thy) -> Tensor",
     }
 
 
-_GEMM_HEAD = ("Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
-              "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, ")
+_GEMM_HEAD = (
+    "Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+    "Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, "
+)
 _GEMM_ACT_ORDER = "Tensor? g_idx_or_none, Tensor? perm_or_none, "
-_GEMM_TAIL = ("Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
-              "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float")
+_GEMM_TAIL = (
+    "Tensor workspace, int b_type_id, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
+    "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float"
+)
 _REPACK_A8 = "SymInt size_k, SymInt size_n, int num_bits, bool is_a_8bit"
 
 
-_MOE_HEAD = ("Tensor($0! -> ) a, Tensor? c_or_none, Tensor($1! -> ) b_q_weight, Tensor? b_bias_or_none, "
-             "Tensor($2! -> ) b_scales, Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, ")
-_MOE_MID = ("Tensor($3! -> ) workspace, Tensor sorted_token_ids, Tensor($4! -> ) expert_ids, "
-            "Tensor($5! -> ) num_tokens_past_padded, Tensor($6! -> ) topk_weights, int moe_block_size, int top_k, "
-            "bool mul_topk_weights, int b_type_id, int size_m, int size_n, int size_k, ")
+_MOE_HEAD = (
+    "Tensor($0! -> ) a, Tensor? c_or_none, Tensor($1! -> ) b_q_weight, Tensor? b_bias_or_none, "
+    "Tensor($2! -> ) b_scales, Tensor? a_scales, Tensor? global_scale, Tensor? b_zeros_or_none, "
+)
+_MOE_MID = (
+    "Tensor($3! -> ) workspace, Tensor sorted_token_ids, Tensor($4! -> ) expert_ids, "
+    "Tensor($5! -> ) num_tokens_past_padded, Tensor($6! -> ) topk_weights, int moe_block_size, int top_k, "
+    "bool mul_topk_weights, int b_type_id, int size_m, int size_n, int size_k, "
+)
 _MOE_TAIL = "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float, int thread_k, int thread_n, int blocks_per_sm"
 
 
@@ -80,8 +90,9 @@ def _moe_schema(args):
 
 
 # 0.12-0.29: with act-order (g_idx, perm) and is_full_k; 0.30-0.33: without (recorded from 0.14.1 / 0.15.1, 0.33.0)
-_MOE_ACT_ORDER = _moe_schema(_MOE_HEAD + "Tensor? g_idx_or_none, Tensor? perm_or_none, " + _MOE_MID
-                             + "bool is_full_k, " + _MOE_TAIL)
+_MOE_ACT_ORDER = _moe_schema(
+    _MOE_HEAD + "Tensor? g_idx_or_none, Tensor? perm_or_none, " + _MOE_MID + "bool is_full_k, " + _MOE_TAIL
+)
 _MOE_PLAIN = _moe_schema(_MOE_HEAD + _MOE_MID + _MOE_TAIL)
 
 
@@ -107,28 +118,67 @@ _TYPE_IDS = {"uint4": 1125899906843648, "uint4b8": 1125899907892224}
 
 GENERATIONS = (
     # 0.11: gptq_marlin_gemm without activation scales, repacks without is_a_8bit
-    Generation("0.11", "0.11.2", ("0.11.2",), "gptq_marlin_gemm",
-               _schemas("gptq_marlin_gemm",
-                        "Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
-                        "Tensor? global_scale, Tensor? b_zeros_or_none, " + _GEMM_ACT_ORDER +
-                        _GEMM_TAIL.replace("int b_type_id", "int b_q_type"),
-                        "Tensor b_q_weight, Tensor perm, SymInt size_k, SymInt size_n, int num_bits",
-                        "Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits"), _TYPE_IDS),
+    Generation(
+        "0.11",
+        "0.11.2",
+        ("0.11.2",),
+        "gptq_marlin_gemm",
+        _schemas(
+            "gptq_marlin_gemm",
+            "Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor? b_bias_or_none, Tensor b_scales, "
+            "Tensor? global_scale, Tensor? b_zeros_or_none, "
+            + _GEMM_ACT_ORDER
+            + _GEMM_TAIL.replace("int b_type_id", "int b_q_type"),
+            "Tensor b_q_weight, Tensor perm, SymInt size_k, SymInt size_n, int num_bits",
+            "Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits",
+        ),
+        _TYPE_IDS,
+    ),
     # 0.12-0.14: activation scales (W4A8) and is_a_8bit added
-    Generation("0.12-0.14", "0.14.1", ("0.12.0", "0.14.1"), "gptq_marlin_gemm",
-               _schemas("gptq_marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
-                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS, _MOE_ACT_ORDER),
+    Generation(
+        "0.12-0.14",
+        "0.14.1",
+        ("0.12.0", "0.14.1"),
+        "gptq_marlin_gemm",
+        _schemas(
+            "gptq_marlin_gemm",
+            _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+            "Tensor b_q_weight, Tensor perm, " + _REPACK_A8,
+            "Tensor b_q_weight, " + _REPACK_A8,
+        ),
+        _TYPE_IDS,
+        _MOE_ACT_ORDER,
+    ),
     # 0.15-0.29: the GEMM renamed marlin_gemm
-    Generation("0.15-0.29", "0.15.1", ("0.15.1", "0.22.1", "0.23.0", "0.27.0", "0.28.0", "0.29.0"), "marlin_gemm",
-               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
-                        "Tensor b_q_weight, Tensor perm, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS, _MOE_ACT_ORDER),
+    Generation(
+        "0.15-0.29",
+        "0.15.1",
+        ("0.15.1", "0.22.1", "0.23.0", "0.27.0", "0.28.0", "0.29.0"),
+        "marlin_gemm",
+        _schemas(
+            "marlin_gemm",
+            _GEMM_HEAD + _GEMM_ACT_ORDER + _GEMM_TAIL,
+            "Tensor b_q_weight, Tensor perm, " + _REPACK_A8,
+            "Tensor b_q_weight, " + _REPACK_A8,
+        ),
+        _TYPE_IDS,
+        _MOE_ACT_ORDER,
+    ),
     # 0.30-0.33: act-order gone from the dense GEMM and the GPTQ repack (vLLM refuses desc_act itself)
-    Generation("0.30-0.33", "0.33.0", ("0.30.0", "0.33.0"), "marlin_gemm",
-               _schemas("marlin_gemm", _GEMM_HEAD + _GEMM_TAIL.replace("bool is_k_full, ", ""),
-                        "Tensor b_q_weight, " + _REPACK_A8, "Tensor b_q_weight, " + _REPACK_A8),
-               _TYPE_IDS, _MOE_PLAIN),
+    Generation(
+        "0.30-0.33",
+        "0.33.0",
+        ("0.30.0", "0.33.0"),
+        "marlin_gemm",
+        _schemas(
+            "marlin_gemm",
+            _GEMM_HEAD + _GEMM_TAIL.replace("bool is_k_full, ", ""),
+            "Tensor b_q_weight, " + _REPACK_A8,
+            "Tensor b_q_weight, " + _REPACK_A8,
+        ),
+        _TYPE_IDS,
+        _MOE_PLAIN,
+    ),
 )
 
 # Releases this adapter accepts at all (a generation is then chosen by the live schemas).
@@ -191,6 +241,7 @@ def load_vllm_ops():
     _stable_libtorch builds in newer releases; vLLM itself imports them from its CUDA platform code, which may not
     have run yet when plugins load)."""
     import vllm._custom_ops  # noqa: F401
+
     loaded = []
     for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch"):
         try:
@@ -203,11 +254,13 @@ def load_vllm_ops():
 
 def _wt():
     from .. import torch as wt  # looked up per call, so that tests can stand in for w4a16's ops
+
     return wt
 
 
 def _moe():
     from .. import moe  # looked up per call, so that tests can stand in for w4a16's grouped GEMM
+
     return moe
 
 
@@ -239,6 +292,7 @@ class VllmAdapter:
     def _serve(self, op, fn, keyset, args):
         """Run w4a16's op; if w4a16 refuses the call (it then launched and wrote nothing), vLLM's kernel runs it."""
         import w4a16
+
         try:
             out = fn()
         except (ValueError, w4a16.W4A16Error) as e:
@@ -247,8 +301,9 @@ class VllmAdapter:
         return out
 
     # ------------------------------------------------------------------ decisions (host-side only)
-    def _marlin_gemm_reason(self, a, b_scales, b_zeros, a_scales, global_scale, b_type_id, size_m, size_n, size_k,
-                            is_zp_float):
+    def _marlin_gemm_reason(
+        self, a, b_scales, b_zeros, a_scales, global_scale, b_type_id, size_m, size_n, size_k, is_zp_float
+    ):
         if a_scales is not None:
             return "activation scales (W4A8)"
         if global_scale is not None:
@@ -307,18 +362,43 @@ class VllmAdapter:
             p = dict(zip(names, args))
             a, b_scales, b_zeros, g_idx = p["a"], p["b_scales"], p["b_zeros_or_none"], p.get("g_idx_or_none")
             size_m, size_n, size_k = p["size_m"], p["size_n"], p["size_k"]
-            reason = self._marlin_gemm_reason(a, b_scales, b_zeros, p.get("a_scales"), p["global_scale"],
-                                              p.get("b_type_id", p.get("b_q_type")), size_m, size_n, size_k,
-                                              p["is_zp_float"])
+            reason = self._marlin_gemm_reason(
+                a,
+                b_scales,
+                b_zeros,
+                p.get("a_scales"),
+                p["global_scale"],
+                p.get("b_type_id", p.get("b_q_type")),
+                size_m,
+                size_n,
+                size_k,
+                p["is_zp_float"],
+            )
             act_order = g_idx is not None and g_idx.numel() > 0
             if reason is None and act_order:
-                reason = self._act_order_reason(g_idx, p["perm_or_none"], p.get("is_k_full", True), size_k,
-                                                b_scales.shape[0])
+                reason = self._act_order_reason(
+                    g_idx, p["perm_or_none"], p.get("is_k_full", True), size_k, b_scales.shape[0]
+                )
             if reason is not None:
                 return self._fallback(op, reason, keyset, *args)
-            return self._serve(op, lambda: self._run_marlin(
-                a, p["c_or_none"], p["b_q_weight"], p["b_bias_or_none"], b_scales, b_zeros,
-                p["perm_or_none"] if act_order else None, size_m, size_n, size_k), keyset, args)
+            return self._serve(
+                op,
+                lambda: self._run_marlin(
+                    a,
+                    p["c_or_none"],
+                    p["b_q_weight"],
+                    p["b_bias_or_none"],
+                    b_scales,
+                    b_zeros,
+                    p["perm_or_none"] if act_order else None,
+                    size_m,
+                    size_n,
+                    size_k,
+                ),
+                keyset,
+                args,
+            )
+
         return kernel
 
     def _moe_reason(self, p):
@@ -375,11 +455,31 @@ class VllmAdapter:
             bias = p["b_bias_or_none"]
             bias = _common.marlin_bias_unpermute(bias) if bias is not None else None
             # vLLM's workspace, use_atomic_add, use_fp32_reduce (w4a16 adds in fp32) and thread hints are not needed
-            return self._serve(op, lambda: _moe()._grouped(
-                "marlin", p["a"], p["c_or_none"], p["b_q_weight"], bias, p["b_scales"], zeros,
-                p["sorted_token_ids"], p["expert_ids"], p["num_tokens_past_padded"], p["topk_weights"],
-                p["mul_topk_weights"], p["moe_block_size"], p["top_k"], p["size_m"], p["size_n"], p["size_k"]),
-                keyset, args)
+            return self._serve(
+                op,
+                lambda: _moe()._grouped(
+                    "marlin",
+                    p["a"],
+                    p["c_or_none"],
+                    p["b_q_weight"],
+                    bias,
+                    p["b_scales"],
+                    zeros,
+                    p["sorted_token_ids"],
+                    p["expert_ids"],
+                    p["num_tokens_past_padded"],
+                    p["topk_weights"],
+                    p["mul_topk_weights"],
+                    p["moe_block_size"],
+                    p["top_k"],
+                    p["size_m"],
+                    p["size_n"],
+                    p["size_k"],
+                ),
+                keyset,
+                args,
+            )
+
         return kernel
 
     def _gptq_repack_kernel(self):
@@ -395,8 +495,13 @@ class VllmAdapter:
                 return self._fallback("gptq_marlin_repack", reason, keyset, *args)
             if perm is None:
                 perm = torch.empty(0, dtype=torch.int32, device=q.device)
-            return self._serve("gptq_marlin_repack", lambda: _wt().gptq_marlin_repack(
-                q.contiguous(), perm.to(torch.int32), size_k, size_n, num_bits), keyset, args)
+            return self._serve(
+                "gptq_marlin_repack",
+                lambda: _wt().gptq_marlin_repack(q.contiguous(), perm.to(torch.int32), size_k, size_n, num_bits),
+                keyset,
+                args,
+            )
+
         return kernel
 
     def _awq_repack_kernel(self):
@@ -408,8 +513,13 @@ class VllmAdapter:
             reason = self._repack_reason(q, size_k, size_n, num_bits, p.get("is_a_8bit", False))
             if reason is not None:
                 return self._fallback("awq_marlin_repack", reason, keyset, *args)
-            return self._serve("awq_marlin_repack", lambda: _wt().awq_marlin_repack(
-                q.contiguous(), size_k, size_n, num_bits), keyset, args)
+            return self._serve(
+                "awq_marlin_repack",
+                lambda: _wt().awq_marlin_repack(q.contiguous(), size_k, size_n, num_bits),
+                keyset,
+                args,
+            )
+
         return kernel
 
     def _repack_reason(self, b_q_weight, size_k, size_n, num_bits, is_a_8bit):
@@ -436,21 +546,30 @@ class VllmAdapter:
 
     def awq_gemm(self, keyset, x, qweight, scales, qzeros, split_k_iters):
         args = (x, qweight, scales, qzeros, split_k_iters)
-        reason = "input is not 2-D" if x.dim() != 2 else self._awq_reason(
-            x.dtype, scales, x.shape[1], scales.shape[1], x.device)
+        reason = (
+            "input is not 2-D"
+            if x.dim() != 2
+            else self._awq_reason(x.dtype, scales, x.shape[1], scales.shape[1], x.device)
+        )
         if reason is not None:
             return self._fallback("awq_gemm", reason, keyset, *args)
-        return self._serve("awq_gemm", lambda: _wt().awq_gemm(x.contiguous(), qweight, scales, qzeros, 0),
-                           keyset, args)
+        return self._serve("awq_gemm", lambda: _wt().awq_gemm(x.contiguous(), qweight, scales, qzeros, 0), keyset, args)
 
     def awq_dequantize(self, keyset, qweight, scales, zeros, split_k_iters, thx, thy):
         args = (qweight, scales, zeros, split_k_iters, thx, thy)
-        reason = "a partial (thx, thy) tile" if (thx, thy) != (0, 0) else self._awq_reason(
-            scales.dtype, scales, qweight.shape[0], scales.shape[1], scales.device)
+        reason = (
+            "a partial (thx, thy) tile"
+            if (thx, thy) != (0, 0)
+            else self._awq_reason(scales.dtype, scales, qweight.shape[0], scales.shape[1], scales.device)
+        )
         if reason is not None:
             return self._fallback("awq_dequantize", reason, keyset, *args)
-        return self._serve("awq_dequantize", lambda: _wt().awq_dequantize(
-            qweight, scales, zeros, split_k_iters, thx, thy), keyset, args)
+        return self._serve(
+            "awq_dequantize",
+            lambda: _wt().awq_dequantize(qweight, scales, zeros, split_k_iters, thx, thy),
+            keyset,
+            args,
+        )
 
     # ------------------------------------------------------------------ load-time act-order check (up to 0.29)
     def check_act_order(self, sorted_g_idx, perm):
@@ -462,8 +581,9 @@ class VllmAdapter:
             return False
         groups = int(sorted_g_idx[-1].item()) + 1
         g = k // groups if groups > 0 and k % groups == 0 else 0
-        ok = bool(g) and torch.equal(sorted_g_idx, torch.arange(k, device=sorted_g_idx.device,
-                                                                 dtype=sorted_g_idx.dtype) // g)
+        ok = bool(g) and torch.equal(
+            sorted_g_idx, torch.arange(k, device=sorted_g_idx.device, dtype=sorted_g_idx.dtype) // g
+        )
         if ok:
             self.act_order[(perm.data_ptr(), perm.numel())] = (perm, sorted_g_idx, -1 if groups == 1 else g)
         return ok
@@ -500,8 +620,10 @@ class VllmAdapter:
         if "g_idx_or_none" in self.generation.schemas[self.generation.gemm] and self.overrides.namespace == "_C":
             try:
                 import importlib
-                self._wrap_sort_g_idx(importlib.import_module(
-                    "vllm.model_executor.layers.quantization.kernels.mixed_precision.marlin"))
+
+                self._wrap_sort_g_idx(
+                    importlib.import_module("vllm.model_executor.layers.quantization.kernels.mixed_precision.marlin")
+                )
             except (ImportError, AttributeError):
                 pass  # act-order layers then stay on vLLM's kernel (their groups were never checked)
 
@@ -521,8 +643,9 @@ def installed():
     return _installed
 
 
-def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=None, namespace="_C",
-            moe_namespace="_moe_C"):
+def install(
+    version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=None, namespace="_C", moe_namespace="_moe_C"
+):
     """Install w4a16 under the running vLLM's ops when its version and op schemas are known; returns the
     VllmAdapter, or None after one log line saying why vLLM was left alone. `version_text` defaults to the
     installed vLLM's version; `type_ids` ({"uint4", "uint4b8"}) to vLLM's scalar_types. Stand-in tests (no vLLM)
@@ -535,36 +658,52 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
     if version_text is None:
         version_text = importlib.metadata.version("vllm")
     if not known_release(version_text):
-        log.warning("w4a16: vLLM %s is not a release this w4a16 knows (%d.%d-%d.%d); vLLM's kernels are left as they "
-                    "are", version_text, *FIRST_KNOWN, *LAST_KNOWN)
+        log.warning(
+            "w4a16: vLLM %s is not a release this w4a16 knows (%d.%d-%d.%d); vLLM's kernels are left as they are",
+            version_text,
+            *FIRST_KNOWN,
+            *LAST_KNOWN,
+        )
         return None
     if namespace == "_C":
         load_vllm_ops()
     gen, bad = generation_matching(namespace)
     if gen is None:
         name, want, got = bad[0]
-        log.warning("w4a16: vLLM %s: _C::%s %s, not as in any vLLM release w4a16 was written against; vLLM's kernels "
-                    "are left as they are", version_text, name,
-                    "is missing" if got is None else f"has the schema '{got}'")
+        log.warning(
+            "w4a16: vLLM %s: _C::%s %s, not as in any vLLM release w4a16 was written against; vLLM's kernels "
+            "are left as they are",
+            version_text,
+            name,
+            "is missing" if got is None else f"has the schema '{got}'",
+        )
         return None
     if type_ids is None:
         from vllm.scalar_type import scalar_types
+
         type_ids = {"uint4": scalar_types.uint4.id, "uint4b8": scalar_types.uint4b8.id}
     if type_ids != gen.type_ids:
-        log.warning("w4a16: vLLM %s numbers its weight types differently (%s, expected %s); vLLM's kernels are left "
-                    "as they are", version_text, type_ids, gen.type_ids)
+        log.warning(
+            "w4a16: vLLM %s numbers its weight types differently (%s, expected %s); vLLM's kernels are left "
+            "as they are",
+            version_text,
+            type_ids,
+            gen.type_ids,
+        )
         return None
     if not _common.can_override():
-        log.warning("w4a16: torch %s cannot keep vLLM's kernels callable (no torch.library.get_kernel); vLLM's "
-                    "kernels are left as they are", torch.__version__)
+        log.warning(
+            "w4a16: torch %s cannot keep vLLM's kernels callable (no torch.library.get_kernel); vLLM's "
+            "kernels are left as they are",
+            torch.__version__,
+        )
         return None
     adapter = VllmAdapter(gen, dispatch_key, device_ok, namespace, moe_namespace)
     try:
         adapter.install()
     except Exception as e:  # nothing stays registered (Overrides.install is all or none)
         adapter.remove()
-        log.warning("w4a16: could not replace vLLM %s's ops (%s); vLLM's kernels are left as they are",
-                    version_text, e)
+        log.warning("w4a16: could not replace vLLM %s's ops (%s); vLLM's kernels are left as they are", version_text, e)
         return None
     moe_why = moe_mismatch(gen, moe_namespace)
     if moe_why is None:
@@ -573,15 +712,25 @@ def install(version_text=None, dispatch_key="CUDA", device_ok=None, type_ids=Non
         except Exception as e:
             moe_why = f"it could not be replaced ({e})"
     if moe_why is not None:
-        log.warning("w4a16: vLLM %s: %s; its MoE layers stay on vLLM's kernels (the linear layers are served)",
-                    version_text, moe_why)
+        log.warning(
+            "w4a16: vLLM %s: %s; its MoE layers stay on vLLM's kernels (the linear layers are served)",
+            version_text,
+            moe_why,
+        )
     _installed = adapter
     import w4a16
+
     ops = [f"_C::{n}" for n in gen.schemas] + ([f"_moe_C::{Generation.MOE}"] if adapter.serves_moe else [])
-    log.info("w4a16 %s serves vLLM %s's int4 linear layers%s (op generation %s): %s. %sW4A8, fp4/fp8 and 8-bit stay "
-             "on vLLM's kernels; W4A16_VLLM=0 turns this off", w4a16.version(), version_text,
-             " and MoE experts" if adapter.serves_moe else "", gen.name, ", ".join(ops),
-             "Act-order MoE, " if adapter.serves_moe else "MoE, ")
+    log.info(
+        "w4a16 %s serves vLLM %s's int4 linear layers%s (op generation %s): %s. %sW4A8, fp4/fp8 and 8-bit stay "
+        "on vLLM's kernels; W4A16_VLLM=0 turns this off",
+        w4a16.version(),
+        version_text,
+        " and MoE experts" if adapter.serves_moe else "",
+        gen.name,
+        ", ".join(ops),
+        "Act-order MoE, " if adapter.serves_moe else "MoE, ",
+    )
     return adapter
 
 
@@ -600,6 +749,7 @@ def register():
         return False
     try:
         import w4a16  # noqa: F401  (raises LibraryNotFound when libw4a16.so cannot be loaded)
+
         load_vllm_ops()
     except ImportError as e:
         log.warning("w4a16: not replacing vLLM's ops: %s", e)
