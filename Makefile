@@ -323,7 +323,7 @@ ptxas-report:
 
 # ---- formatting (.clang-format, ruff.toml; 120 columns): reports files that differ from the formatter's output
 FORMAT_C  := $(wildcard include/*.h csrc/*.c csrc/*.h kernels/*.cu kernels/*.cuh kernels/*.h tests/*.c tests/*.h \
-               tests/ref/*.c tests/ref/*.h tools/*.c bench/*.cc)
+               tests/ref/*.c tests/ref/*.h tests/engines/*.c examples/c/*.c tools/*.c bench/*.cc)
 FORMAT_PY := python_bindings bench/plot tools/perf-table
 CLANG_FORMAT ?= clang-format
 RUFF ?= ruff
