@@ -247,7 +247,10 @@ void run_case(benchmark::State &state, const w4a16_layer *ly, Path p, int M, w4a
     state.counters["GBps"] = r.gbps;
     state.counters["floor_us"] = fl;
     state.counters["x_floor"] = us / fl;
-    if (p != CUBLAS) // the cuBLAS row of this layer and M was registered, so measured, first
+    // Every row carries every counter (--benchmark_format=csv aborts otherwise): 1 on the cuBLAS row, 0 where its
+    // cuBLAS row was not measured (filtered out). That row was registered, so measured, first.
+    state.counters["x_cublas"] = p == CUBLAS ? 1.0 : 0.0;
+    if (p != CUBLAS)
         for (const Row &c : rows)
             if (c.layer == ly->name && c.path == "cublas_fp16" && c.M == M) state.counters["x_cublas"] = us / c.us;
     rows.push_back(r);
