@@ -254,7 +254,7 @@ $(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
 # the MoE family (bench/bench_moe.cc): grouped GEMMs of four MoE models' expert layers; options in BENCH_MOE_ARGS
-$(BUILD)/bench_moe: bench/bench_moe.cc tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
+$(BUILD)/bench_moe: bench/bench_moe.cc bench/bench_util.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
 bench-build: lib $(BUILD)/bench $(BUILD)/bench_moe $(BUILD)/w4a16-doctor

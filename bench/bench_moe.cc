@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../tests/gpu_util.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -225,21 +226,8 @@ double time_us(Path p, ModelData *d, bool down) {
     const double est = ms * 1000.0 / 3;
     const int warm = (int)std::clamp(10000.0 / std::max(est, 1.0), 3.0, 2000.0);
     for (int w = 0; w < warm; w++) launch(p, d, down, i++);
-    const int reps = (int)std::clamp(2000.0 / std::max(est, 1.0), 5.0, 200.0), samples = 9;
-    double best = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        std::vector<double> t;
-        for (int s = 0; s < samples; s++) {
-            GPU_CHECK(cudaEventRecord(e0));
-            for (int r = 0; r < reps; r++) launch(p, d, down, i++);
-            GPU_CHECK(cudaEventRecord(e1));
-            GPU_CHECK(cudaEventSynchronize(e1));
-            GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1000.0 / reps);
-        }
-        std::sort(t.begin(), t.end());
-        if (pass == 0 || t[samples / 2] < best) best = t[samples / 2];
-    }
+    const int reps = (int)std::clamp(2000.0 / std::max(est, 1.0), 5.0, 200.0);
+    const double best = time_launches([&] { launch(p, d, down, i++); }, reps, e0, e1);
     GPU_CHECK(cudaGetLastError());
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -297,50 +285,6 @@ void register_all() {
                 }
             }
     }
-}
-
-void measure_ceilings() {
-    size_t bytes = (size_t)1 << 30;
-    void *a = gpu_alloc(bytes), *b = gpu_alloc(bytes);
-    GPU_CHECK(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f, ms;
-    for (int i = 0; i < 6; i++) {
-        cudaEventRecord(e0);
-        GPU_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i) best = std::min(best, ms);
-    }
-    dev.copy_tbps = 2.0 * bytes / (best * 1e-3) / 1e12;
-    cudaFree(a);
-    cudaFree(b);
-    const int n = 8192;
-    std::vector<uint16_t> h((size_t)n * n);
-    uint64_t seed = 99;
-    fill_random_half(h.data(), h.size(), -1.f, 1.f, W4A16_FP16, &seed);
-    void *x = gpu_upload(h.data(), h.size() * 2), *y = gpu_upload(h.data(), h.size() * 2), *z = gpu_alloc(h.size() * 2);
-    cublasHandle_t blas;
-    BLAS_CHECK(cublasCreate(&blas));
-    best = 1e30f;
-    for (int i = 0; i < 6; i++) {
-        cudaEventRecord(e0);
-        cublas_gemm(blas, x, y, z, n, n, n, W4A16_FP16, CUDA_R_16F);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i) best = std::min(best, ms);
-    }
-    dev.cublas_tflops = 2.0 * n * n * (double)n / (best * 1e-3) / 1e12;
-    cublasDestroy(blas);
-    cudaFree(x);
-    cudaFree(y);
-    cudaFree(z);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 void summary() {
@@ -412,7 +356,12 @@ int main(int argc, char **argv) {
     W4_CHECK(w4a16_moe_workspace_size(&g_ws_bytes));
     g_ws = gpu_alloc(g_ws_bytes);
     GPU_CHECK(cudaMemset(g_ws, 0, g_ws_bytes));
-    measure_ceilings();
+    cublasHandle_t blas;
+    BLAS_CHECK(cublasCreate(&blas));
+    const Ceilings ceilings = measure_ceilings(blas);
+    cublasDestroy(blas);
+    dev.copy_tbps = ceilings.copy_tbps;
+    dev.cublas_tflops = ceilings.cublas_tflops;
     printf("bench_moe: %s; copy %.2f TB/s, cuBLAS fp16 %.0f TFLOP/s\n", dev.info.reason, dev.copy_tbps,
            dev.cublas_tflops);
     benchmark::Initialize(&argc, argv);

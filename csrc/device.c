@@ -359,13 +359,15 @@ w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes) {
     return W4A16_OK;
 }
 
-w4a16_status w4a16_workspace_size(size_t *bytes) {
+w4a16_status w4a16_workspace_query(size_t *bytes, size_t (*bytes_for)(int sm_count)) {
     w4a16_clear_error();
     if (!bytes) return w4a16_fail(W4A16_ERR_NULL_POINTER, "bytes is NULL");
     int device;
     const w4a16_device_state *st;
     w4a16_status s = w4a16_current_device(&device, &st);
     if (s != W4A16_OK) return s;
-    *bytes = w4a16_workspace_bytes_for(st->sm_count);
+    *bytes = bytes_for(st->sm_count);
     return W4A16_OK;
 }
+
+w4a16_status w4a16_workspace_size(size_t *bytes) { return w4a16_workspace_query(bytes, w4a16_workspace_bytes_for); }

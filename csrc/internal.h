@@ -76,6 +76,9 @@ W4A16_HIDDEN void w4a16_use_profile(w4a16_device_state *st, const w4a16_profile 
 /* The state of the current device; on error the status is recorded with its message and returned. */
 W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_state **state);
 
+/* A workspace-size query on the current device: `bytes` checked, then bytes_for(its SM count) stored there. */
+W4A16_HIDDEN w4a16_status w4a16_workspace_query(size_t *bytes, size_t (*bytes_for)(int sm_count));
+
 /* Workspace layout for a device: counters then partials. */
 W4A16_HIDDEN size_t w4a16_workspace_counters_bytes(int sm_count);
 W4A16_HIDDEN size_t w4a16_workspace_bytes_for(int sm_count);

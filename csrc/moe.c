@@ -3,6 +3,8 @@
 #include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
 
 static w4a16_status moe_launch_status(int err, const char *op) {
     if (err == cudaSuccess) return W4A16_OK;
@@ -92,16 +94,7 @@ static size_t moe_workspace_bytes(int sm_count) {
     return moe_counters_bytes(sm_count) + (size_t)sm_count * W4A16_MOE_SPLIT_SLOTS_PER_SM * W4A16_MOE_SPLIT_TILE_BYTES;
 }
 
-w4a16_status w4a16_moe_workspace_size(size_t *bytes) {
-    w4a16_clear_error();
-    if (!bytes) return w4a16_fail(W4A16_ERR_NULL_POINTER, "bytes is NULL");
-    int device;
-    const w4a16_device_state *st;
-    w4a16_status s = w4a16_current_device(&device, &st);
-    if (s != W4A16_OK) return s;
-    *bytes = moe_workspace_bytes(st->sm_count);
-    return W4A16_OK;
-}
+w4a16_status w4a16_moe_workspace_size(size_t *bytes) { return w4a16_workspace_query(bytes, moe_workspace_bytes); }
 
 /* K splits of the 16-row tile: only when the tiles (routing blocks x 64-channel tiles, counted from the routing
  * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots;
@@ -125,6 +118,70 @@ static int moe_group_shift(int G) {
     int s = 0;
     while ((1 << s) < G) s++;
     return s;
+}
+
+/* Resident blocks per SM a MoE kernel is counted with: those the device gives it (its shared memory and the
+ * carveout of an emulated SM set, as the launch sets them), at most what the profile's SM holds by shared memory, as
+ * the dense plans count them (csrc/plan.c); 0 when the occupancy query fails (then K is not split). */
+static int moe_blocks_per_sm(const w4a16_device_state *st, const w4a16_moe_launch *a, int split, int *occupancy) {
+    int occ = 0;
+    if (w4a16_moe_occupancy(a, split, &occ) != cudaSuccess) occ = 0;
+    const int by_smem =
+        st->smem_per_sm / (w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages) + st->smem_reserved);
+    *occupancy = occ;
+    return occ < by_smem ? occ : by_smem;
+}
+
+/* The launch sizes of a MoE GEMM (no tensors): tile, stages, carveout, K splits. blocks_per_sm: the resident blocks
+ * the kernel that runs is counted with (the K split is sized with the splitting kernel's); occupancy: those the
+ * device gives it. */
+static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layout, int dtype, int block_size,
+                             int sorted_capacity, int N, int K, int G, size_t workspace_bytes, const char *op,
+                             w4a16_moe_launch *a, int *blocks_per_sm, int *occupancy) {
+    if (workspace_bytes > 0 && workspace_bytes < moe_workspace_bytes(st->sm_count))
+        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL,
+                          "%s: workspace_bytes=%zu is less than the %zu bytes "
+                          "w4a16_moe_workspace_size() asks for on device %d",
+                          op, workspace_bytes, moe_workspace_bytes(st->sm_count), device);
+    a->sorted_capacity = sorted_capacity;
+    a->grid_blocks = (sorted_capacity + block_size - 1) / block_size;
+    a->block_size = block_size;
+    a->N = N;
+    a->K = K;
+    a->gshift = moe_group_shift(G);
+    a->marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
+    a->dtype = dtype;
+    a->layout = layout;
+    a->carveout = st->carveout; /* a forced profile's smaller SM, emulated as the dense kernels emulate it */
+    /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
+     * 100 KB parts (sm_86/89/120/121 profiles) */
+    a->stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
+    if ((size_t)w4a16_moe_smem_bytes(block_size, layout, a->stages) > st->smem_optin)
+        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
+                          "%s: block_size=%d needs %d bytes of shared memory; device %d "
+                          "allows %zu",
+                          op, block_size, w4a16_moe_smem_bytes(block_size, layout, a->stages), device, st->smem_optin);
+    a->splits = 1;
+    *blocks_per_sm = *occupancy = 0;
+    if (workspace_bytes > 0 && block_size <= 16) { /* only the 16-row tile splits K */
+        const long long tiles = (long long)a->grid_blocks * ((N + 63) / 64);
+        *blocks_per_sm = moe_blocks_per_sm(st, a, 1, occupancy);
+        a->splits = moe_splits(st->sm_count, *blocks_per_sm, tiles, K);
+    }
+    return W4A16_OK;
+}
+
+/* "16-row tile (3 stages), 4 K splits, grid 9x12x4, 26496 bytes shared, 3 blocks/SM, carveout 43% (emulated SM)" */
+static void moe_plan_text(const w4a16_moe_launch *a, int blocks_per_sm, char *buf, size_t size) {
+    const int rows = a->block_size <= 16 ? 16 : a->block_size <= 32 ? 32 : 64;
+    const int bn = rows == 16 ? 64 : rows == 32 ? 128 : 256;
+    int n = snprintf(buf, size, "%d-row tile (%d stages), %d K split%s, grid %dx%dx%d, %d bytes shared", rows,
+                     a->stages, a->splits, a->splits > 1 ? "s" : "", a->grid_blocks, (a->N + bn - 1) / bn, a->splits,
+                     w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages));
+    if (blocks_per_sm > 0 && n > 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - n, ", %d block%s/SM", blocks_per_sm, blocks_per_sm > 1 ? "s" : "");
+    if (a->carveout >= 0 && n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - n, ", carveout %d%% (emulated SM)", a->carveout);
 }
 
 static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const void *scales, const int32_t *zeros,
@@ -166,12 +223,11 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         (s = w4a16_check_size("W[E,K,N]", (long long)E * K, N)))
         return s;
     if ((s = w4a16_current_device(&device, &st))) return s;
-    if (workspace_bytes > 0 && workspace_bytes < moe_workspace_bytes(st->sm_count))
-        return w4a16_fail(W4A16_ERR_WORKSPACE_TOO_SMALL,
-                          "%s: workspace_bytes=%zu is less than the %zu bytes "
-                          "w4a16_moe_workspace_size() asks for on device %d",
-                          op, workspace_bytes, moe_workspace_bytes(st->sm_count), device);
     w4a16_moe_launch a = {0};
+    int blocks_per_sm, occupancy;
+    if ((s = moe_plan(st, device, layout, dtype, block_size, sorted_capacity, N, K, G, workspace_bytes, op, &a,
+                      &blocks_per_sm, &occupancy)))
+        return s;
     a.A = A;
     a.B = W;
     a.scales = scales;
@@ -182,34 +238,20 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
     a.sorted_ids = sorted_ids;
     a.expert_ids = expert_ids;
     a.num_post_padded = num_post_padded;
-    a.sorted_capacity = sorted_capacity;
-    a.grid_blocks = (sorted_capacity + block_size - 1) / block_size;
-    a.block_size = block_size;
     a.M = M;
     a.top_k = top_k;
     a.num_experts = E;
-    a.N = N;
-    a.K = K;
-    a.gshift = moe_group_shift(G);
-    a.marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
-    a.dtype = dtype;
-    a.layout = layout;
-    /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
-     * 100 KB parts (sm_86/89/120/121 profiles), so two blocks of the largest tile still fit an SM */
-    a.stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
-    if ((size_t)w4a16_moe_smem_bytes(block_size, layout, a.stages) > st->smem_optin)
-        return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
-                          "%s: block_size=%d needs %d bytes of shared memory; device %d "
-                          "allows %zu",
-                          op, block_size, w4a16_moe_smem_bytes(block_size, layout, a.stages), device, st->smem_optin);
-    a.splits = 1;
     if (workspace_bytes > 0) {
-        const long long tiles = (long long)a.grid_blocks * ((N + 63) / 64);
-        a.splits = moe_splits(st->sm_count, w4a16_moe_blocks_per_sm(block_size, dtype, layout, a.stages), tiles, K);
         a.counters = (int *)workspace;
         a.partials = (char *)workspace + moe_counters_bytes(st->sm_count);
     }
     a.stream = stream;
+    if (st->log_level >= 2) {
+        char text[256];
+        moe_plan_text(&a, blocks_per_sm, text, sizeof text);
+        fprintf(stderr, "w4a16: %s M=%d top_k=%d E=%d N=%d K=%d G=%d %s: %s\n", op, M, top_k, E, N, K, G,
+                dtype ? "bf16" : "fp16", text);
+    }
     return moe_launch_status(w4a16_launch_moe_gemm(&a), op);
 }
 
@@ -235,6 +277,47 @@ w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight, const voi
     return moe_gemm(W4A16_LAYOUT_AWQ, A, qweight, scales, qzeros, bias, topk_weights, C, sorted_ids, expert_ids,
                     num_tokens_post_padded, sorted_capacity, blocks_capacity, block_size, M, top_k, num_experts, N, K,
                     group_size, dtype, workspace, workspace_bytes, stream, "w4a16_moe_awq_gemm");
+}
+
+w4a16_status w4a16_moe_gemm_plan(int marlin, int sorted_capacity, int block_size, int N, int K, int group_size,
+                                 w4a16_dtype dtype, size_t workspace_bytes, w4a16_gemm_plan_info *info) {
+    w4a16_clear_error();
+    w4a16_status s;
+    int G, device;
+    const w4a16_device_state *st;
+    if (!info) return w4a16_fail(W4A16_ERR_NULL_POINTER, "info is NULL");
+    if (marlin != 0 && marlin != 1) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "marlin=%d is neither 0 nor 1", marlin);
+    if ((s = w4a16_check_dtype(dtype))) return s;
+    if (block_size < 8 || block_size > 64 || block_size % 8)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not a multiple of 8 in 8..64", block_size);
+    if (sorted_capacity < block_size)
+        return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "sorted_capacity=%d must hold a block of %d", sorted_capacity,
+                          block_size);
+    if ((s = w4a16_check_gemm_shape(1, N, K, group_size, 64, &G)) || (s = w4a16_current_device(&device, &st))) return s;
+    const int layout = marlin ? W4A16_LAYOUT_MARLIN : W4A16_LAYOUT_AWQ;
+    w4a16_moe_launch a = {0};
+    int blocks_per_sm, occupancy;
+    if ((s = moe_plan(st, device, layout, dtype, block_size, sorted_capacity, N, K, G, workspace_bytes,
+                      "w4a16_moe_gemm_plan", &a, &blocks_per_sm, &occupancy)))
+        return s;
+    if (a.splits == 1) blocks_per_sm = moe_blocks_per_sm(st, &a, 0, &occupancy); /* the kernel that runs */
+    const int rows = block_size <= 16 ? 16 : block_size <= 32 ? 32 : 64;
+    memset(info, 0, sizeof *info);
+    snprintf(info->kernel, sizeof info->kernel, "moe-%d", rows);
+    info->config = rows;
+    info->stages = a.stages;
+    info->splits = a.splits;
+    info->grid[0] = a.grid_blocks;
+    info->grid[1] = (N + 4 * rows - 1) / (4 * rows);
+    info->grid[2] = a.splits;
+    info->threads = W4A16_MOE_THREADS;
+    info->smem_bytes = w4a16_moe_smem_bytes(block_size, layout, a.stages);
+    info->blocks_per_sm = blocks_per_sm;
+    info->smem_blocks_per_sm = st->smem_per_sm / (info->smem_bytes + st->smem_reserved);
+    info->occupancy = occupancy;
+    info->carveout = a.carveout;
+    moe_plan_text(&a, blocks_per_sm, info->text, sizeof info->text);
+    return W4A16_OK;
 }
 
 /* ---------------------------------------------------------------- stacked converters: the per-expert launches with

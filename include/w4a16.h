@@ -360,6 +360,16 @@ W4A16_API w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weigh
                                              int N, int K, int group_size, w4a16_dtype dtype, void *workspace,
                                              size_t workspace_bytes, w4a16_stream_t stream);
 
+/* w4a16_moe_gemm_plan: the launch a w4a16_moe_marlin_gemm (marlin = 1) or w4a16_moe_awq_gemm (marlin = 0) call with
+ * these sizes makes on the current device (what W4A16_LOG=2 prints for every call), without the tensors: kernel
+ * "moe-16" / "moe-32" / "moe-64" (rows per tile), stages, K splits, grid, shared memory, the resident blocks per SM
+ * its K split is counted with (the kernel's occupancy, at most what the profile's SM holds by shared memory), the
+ * blocks the device gives the kernel with its shared memory and carveout set as a launch sets them, and the carveout
+ * emulating a forced profile's smaller SM (-1: none). Returns a validation or device status. */
+W4A16_API w4a16_status w4a16_moe_gemm_plan(int marlin, int sorted_capacity, int block_size, int N, int K,
+                                           int group_size, w4a16_dtype dtype, size_t workspace_bytes,
+                                           w4a16_gemm_plan_info *info);
+
 /* The same on AutoAWQ checkpoint tensors as stored, stacked: qweight [E, K, N/8], scales [E, K/G, N],
  * qzeros [E, K/G, N/8] (required). Same preconditions. */
 W4A16_API w4a16_status w4a16_moe_awq_gemm(const void *A, const int32_t *qweight, const void *scales,

@@ -42,6 +42,19 @@ static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg) {
 // Once any plan emulated a smaller SM by a shared-memory carveout, every later launch sets its own (the default when
 // none) so that a kernel does not keep an earlier profile's carveout.
 static std::atomic<bool> carveout_used{false};
+} // namespace w4a16
+
+extern "C" int w4a16_set_kernel_smem(const void *fn, int smem_bytes, int carveout) {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e == cudaSuccess && (carveout >= 0 || w4a16::carveout_used.load(std::memory_order_relaxed))) {
+        w4a16::carveout_used.store(true, std::memory_order_relaxed);
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 carveout >= 0 ? carveout : (int)cudaSharedmemCarveoutDefault);
+    }
+    return e;
+}
+
+namespace w4a16 {
 
 // The plan's kernel with its dynamic shared memory and carveout set, as the launch and the occupancy query need it.
 static cudaError_t prepare(const w4a16_gemm_launch *a, GemmKernelRef *k, int *smem) {
@@ -50,13 +63,7 @@ static cudaError_t prepare(const w4a16_gemm_launch *a, GemmKernelRef *k, int *sm
     if (!k->fn) return p.kind == W4A16_KERNEL_WGMMA ? cudaErrorInvalidDeviceFunction : cudaErrorInvalidValue;
     if (k->threads != p.threads) return cudaErrorInvalidValue; // the plan and the compiled kernel disagree
     *smem = k->smem_bytes ? k->smem_bytes : p.smem_bytes;
-    cudaError_t e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, *smem);
-    if (e == cudaSuccess && (p.carveout >= 0 || carveout_used.load(std::memory_order_relaxed))) {
-        carveout_used.store(true, std::memory_order_relaxed);
-        e = cudaFuncSetAttribute(k->fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 p.carveout >= 0 ? p.carveout : (int)cudaSharedmemCarveoutDefault);
-    }
-    return e;
+    return (cudaError_t)w4a16_set_kernel_smem((const void *)k->fn, *smem, p.carveout);
 }
 } // namespace w4a16
 

@@ -65,6 +65,9 @@ typedef struct w4a16_gemm_launch {
 } w4a16_gemm_launch;
 
 int w4a16_launch_gemm(const w4a16_gemm_launch *a);
+/* Sets a kernel's dynamic shared memory and its shared-memory carveout (percent; -1: the device's default), as every
+ * GEMM and MoE launch and occupancy query does: a kernel never keeps an earlier emulated profile's carveout. */
+int w4a16_set_kernel_smem(const void *fn, int smem_bytes, int carveout);
 /* Resident blocks per SM the device gives the plan's kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor, with the
  * plan's shared memory and carveout set on the kernel as a launch sets them). */
 int w4a16_gemm_occupancy(const w4a16_gemm_launch *a, int *blocks_per_sm);

@@ -16,13 +16,14 @@
 // on every run whichever block arrives last.
 #include "common.cuh"
 #include "configs.h"
+#include "launch.h"
 #include "moe_launch.h"
 #include <cuda_runtime.h>
 
 namespace w4a16 {
 namespace moe {
 
-constexpr int THREADS = 128, WARPS = 4;
+constexpr int THREADS = W4A16_MOE_THREADS, WARPS = 4;
 
 // ---------------------------------------------------------------- routing
 // One block: per-expert counts in shared memory, a warp scan of the padded counts, then every pair is scattered to
@@ -89,6 +90,13 @@ __global__ void __launch_bounds__(1024)
 // The configs per routing block size (moe_config below): 16 rows: 1 x 64 channels, the 4 warps splitting 128 k (more
 // bytes in flight per block where few blocks exist); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels, no
 // K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
+__device__ __forceinline__ void add4(float4 &a, const float4 b) {
+    a.x += b.x;
+    a.y += b.y;
+    a.z += b.z;
+    a.w += b.w;
+}
+
 template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static constexpr int WK = WARPS / WN;
     static constexpr int BM = 16 * MT, BN = 64 * WN, BK = 16 * WK * KS;
@@ -387,21 +395,19 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 red[((warp * MT + mt) * 8 + j) * 32 + lane] =
                     make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
         __syncthreads();
+        // one n8 block's sums over the K-split warps, added in warp order
+        auto warp_sum = [&](int gn, int mt, int j) {
+            float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < WK; w++) add4(sum, red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane]);
+            return sum;
+        };
         if constexpr (!SPLIT) {
             // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
             for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
                 const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
                 if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
-                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-#pragma unroll
-                for (int w = 1; w < WK; w++) {
-                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                    sum.x += v.x;
-                    sum.y += v.y;
-                    sum.z += v.z;
-                    sum.w += v.w;
-                }
-                store(mt, j, n0 + gn * 64, sum);
+                store(mt, j, n0 + gn * 64, warp_sum(gn, mt, j));
             }
         } else {
             // as above into registers (NSL n8 blocks per warp: warp + 4 sl), then this split's sums to the workspace;
@@ -413,16 +419,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             for (int sl = 0; sl < NSL; sl++) {
                 const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
                 live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
-                float4 sum = red[(((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-#pragma unroll
-                for (int w = 1; w < WK; w++) {
-                    const float4 v = red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane];
-                    sum.x += v.x;
-                    sum.y += v.y;
-                    sum.z += v.z;
-                    sum.w += v.w;
-                }
-                out[sl] = sum;
+                out[sl] = warp_sum(gn, mt, j);
             }
             const int tile = blockIdx.y * gridDim.x + blockIdx.x;
             float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
@@ -445,13 +442,8 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 if (!live[sl]) continue;
                 const float4 *src = all + (warp + WARPS * sl) * 32;
                 float4 sum = __ldcg(src);
-                for (int sp = 1; sp < splits; sp++) { // split order: the same sum whichever block is last
-                    const float4 v = __ldcg(src + (size_t)sp * TILE_F4);
-                    sum.x += v.x;
-                    sum.y += v.y;
-                    sum.z += v.z;
-                    sum.w += v.w;
-                }
+                for (int sp = 1; sp < splits; sp++) // split order: the same sum whichever block is last
+                    add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
                 const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
                 store(mt, j, n0 + gn * 64, sum);
             }
@@ -471,17 +463,35 @@ template <int LAYOUT, int MT> int smem_of(int stages) {
     return Tile<LAYOUT, MT, Cfg<MT>::WN, Cfg<MT>::KS>::smem(stages);
 }
 
-template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
-    constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS, BN = 64 * WN;
-    auto kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
+// The kernel of a launch (the K-splitting one where `split`, 16-row tile only), with its shared memory and the plan's
+// carveout set, as the launch and the occupancy query need it.
+template <typename T, int LAYOUT, int MT>
+cudaError_t prepare(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
+    constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS;
+    *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
     if constexpr (MT == 1) // only the 16-row tile splits K
-        if (a.splits > 1) kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
-    const int smem = smem_of<LAYOUT, MT>(a.stages);
-    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
+    *smem = smem_of<LAYOUT, MT>(a.stages);
+    return (cudaError_t)w4a16_set_kernel_smem((const void *)*kern, *smem, a.carveout);
+}
+
+template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
+    constexpr int BN = 64 * Cfg<MT>::WN;
+    void (*kern)(w4a16_moe_launch);
+    int smem;
+    cudaError_t err = prepare<T, LAYOUT, MT>(a, a.splits > 1, &kern, &smem);
     if (err != cudaSuccess) return err;
     dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN, a.splits);
     kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
     return cudaGetLastError();
+}
+
+template <typename T, int LAYOUT, int MT> cudaError_t occupancy(const w4a16_moe_launch &a, bool split, int *n) {
+    void (*kern)(w4a16_moe_launch);
+    int smem;
+    cudaError_t err = prepare<T, LAYOUT, MT>(a, split, &kern, &smem);
+    if (err != cudaSuccess) return err;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, THREADS, smem);
 }
 
 static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE_SPLIT_BK &&
@@ -490,18 +500,16 @@ static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE
                       W4A16_MOE_SPLIT_TILE_BYTES,
               "split-K sizes of csrc/moe.c");
 
-// Resident blocks per SM of the 16-row tile (0 if the occupancy query fails: then K is not split).
-template <typename T, int LAYOUT> int blocks_per_sm(int stages) {
-    int n = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, gemm_kernel<T, LAYOUT, 1, Cfg<1>::WN, Cfg<1>::KS, true>, THREADS, smem_of<LAYOUT, 1>(stages));
-    return err == cudaSuccess ? n : 0;
-}
-
 template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &a) {
     if (a.block_size <= 16) return launch<T, LAYOUT, 1>(a);
     if (a.block_size <= 32) return launch<T, LAYOUT, 2>(a);
     return launch<T, LAYOUT, 4>(a);
+}
+
+template <typename T, int LAYOUT> cudaError_t occupancy_mt(const w4a16_moe_launch &a, bool split, int *n) {
+    if (a.block_size <= 16) return occupancy<T, LAYOUT, 1>(a, split, n);
+    if (a.block_size <= 32) return occupancy<T, LAYOUT, 2>(a, split, n);
+    return occupancy<T, LAYOUT, 4>(a, split, n);
 }
 
 } // namespace moe
@@ -529,14 +537,14 @@ extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
                      : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
 }
 
-extern "C" int w4a16_moe_blocks_per_sm(int block_size, int dtype, int layout, int stages) {
+extern "C" int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
     using namespace w4a16::moe;
-    if (block_size > 16) return 0; // only the 16-row tile splits K
-    if (dtype == 0)
-        return layout == W4A16_LAYOUT_AWQ ? blocks_per_sm<__half, W4A16_LAYOUT_AWQ>(stages)
-                                          : blocks_per_sm<__half, W4A16_LAYOUT_MARLIN>(stages);
-    return layout == W4A16_LAYOUT_AWQ ? blocks_per_sm<__nv_bfloat16, W4A16_LAYOUT_AWQ>(stages)
-                                      : blocks_per_sm<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(stages);
+    const bool sp = split != 0;
+    if (a->dtype == 0)
+        return a->layout == W4A16_LAYOUT_AWQ ? occupancy_mt<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                             : occupancy_mt<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+    return a->layout == W4A16_LAYOUT_AWQ ? occupancy_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                         : occupancy_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {

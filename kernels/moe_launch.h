@@ -11,6 +11,8 @@ extern "C" {
 
 /* Largest expert count the routing kernel holds in shared memory (3 counters per expert). */
 enum { W4A16_MOE_MAX_EXPERTS = 2048 };
+/* Threads of a grouped-GEMM block (4 warps). */
+enum { W4A16_MOE_THREADS = 128 };
 
 int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, int num_experts, int block_size,
                            int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids, int blocks_capacity,
@@ -26,6 +28,7 @@ typedef struct w4a16_moe_launch {
     int gshift;             /* log2(G), 31 when G = K is not a power of two */
     int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
     int dtype, layout, stages;
+    int carveout;   /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
     int splits;     /* K split across gridDim.z blocks (block_size <= 16 only); 1: no split */
     int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / 64), zero between calls */
     void *partials; /* workspace: splits x 16 x 64 fp32 sums per tile */
@@ -35,9 +38,9 @@ typedef struct w4a16_moe_launch {
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
 /* Dynamic shared memory of the MoE GEMM for block_size rows, a layout and a pipeline depth. */
 int w4a16_moe_smem_bytes(int block_size, int layout, int stages);
-/* Resident blocks per SM of the tile that splits K (block_size <= 16; dtype 0 fp16, 1 bf16); 0 for other block
- * sizes or when the occupancy query fails (then K is not split). */
-int w4a16_moe_blocks_per_sm(int block_size, int dtype, int layout, int stages);
+/* Resident blocks per SM the device gives the launch's kernel (the K-splitting one where `split`, block_size <= 16),
+ * with its shared memory and carveout set as the launch sets them; returns the cudaError_t. */
+int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
 /* Block slots per SM the split-K workspace is sized for, and the fp32 sums of one tile (16 rows x 64 channels). */
 /* The k of one pipeline stage of that tile. */
 enum { W4A16_MOE_SPLIT_SLOTS_PER_SM = 8, W4A16_MOE_SPLIT_TILE_BYTES = 16 * 64 * 4, W4A16_MOE_SPLIT_BK = 128 };

@@ -161,10 +161,9 @@ int w4a16_moe_smem_bytes(int bs, int layout, int stages) {
     (void)stages;
     abort();
 }
-int w4a16_moe_blocks_per_sm(int bs, int dtype, int layout, int stages) {
-    (void)bs;
-    (void)dtype;
-    (void)layout;
-    (void)stages;
+int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *b) {
+    (void)a;
+    (void)split;
+    (void)b;
     abort();
 }

@@ -1,4 +1,4 @@
-/* GPU helpers shared by tests/test_gpu.c and bench/bench.cc (C and C++): checked CUDA calls, random AWQ / GPTQ
+/* GPU helpers shared by the GPU test suites and the benchmarks (C and C++): checked CUDA calls, random AWQ / GPTQ
  * tensors on the device, the Marlin conversion of them, and the cuBLAS product used as the reference. */
 #ifndef W4A16_GPU_UTIL_H
 #define W4A16_GPU_UTIL_H
@@ -35,6 +35,44 @@
             abort();                                                                                                   \
         }                                                                                                              \
     } while (0)
+
+/* In a cmocka test of a GPU suite: skip, saying why, when the suite found no usable GPU. */
+#define GPU_TEST_REQUIRE(have, reason)                                                                                 \
+    do {                                                                                                               \
+        if (!(have)) {                                                                                                 \
+            printf("  SKIPPED: %s\n", (reason));                                                                       \
+            skip();                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+/* A GPU suite's device 0: 1 when w4a16 can use it (then the suite's first line, with the seed, is printed); else 0
+ * with the reason in `reason`, for the tests to skip with. */
+static inline int gpu_suite_device(const char *suite, unsigned long long seed, w4a16_device_info *info, char *reason,
+                                   size_t reason_size) {
+    w4a16_status s = w4a16_get_device_info(0, info);
+    if (s != W4A16_OK || !info->supported) {
+        snprintf(reason, reason_size, "no usable CUDA GPU: %s",
+                 s != W4A16_OK ? w4a16_last_error_message() : info->reason);
+        return 0;
+    }
+    printf("%s: %s; seed %llu\n", suite, info->reason, seed);
+    return 1;
+}
+
+/* The worst relative error over a test's cases, with the case that had it. */
+typedef struct err_stats {
+    double worst;
+    int cases;
+    char worst_case[200];
+} err_stats;
+
+static inline void err_stats_add(err_stats *st, double err, const char *label) {
+    st->cases++;
+    if (err >= st->worst) {
+        st->worst = err;
+        snprintf(st->worst_case, sizeof st->worst_case, "%s", label);
+    }
+}
 
 static inline void *gpu_alloc(size_t bytes) {
     void *p = NULL;

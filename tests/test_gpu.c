@@ -35,19 +35,9 @@ static const char *path_name[] = {"awq", "marlin"};
 
 static double tolerance(w4a16_dtype dt) { return dt == W4A16_BF16 ? 2e-2 : 1e-2; }
 
-#define REQUIRE_GPU()                                                                                                  \
-    do {                                                                                                               \
-        if (!have_gpu) {                                                                                               \
-            printf("  SKIPPED: %s\n", skip_reason);                                                                    \
-            skip();                                                                                                    \
-        }                                                                                                              \
-    } while (0)
+#define REQUIRE_GPU() GPU_TEST_REQUIRE(have_gpu, skip_reason)
 
-typedef struct stats {
-    double worst;
-    int cases;
-    char worst_case[160];
-} stats;
+typedef err_stats stats;
 
 static void stats_print(const char *what, const stats *s) {
     printf("  %s: %d cases, worst relative error %.2e (%s)\n", what, s->cases, s->worst, s->worst_case);
@@ -116,13 +106,7 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
              M, K, N, L->G, L->gptq ? " gptq" : "", with_bias ? " +bias" : "");
     if (unwritten) fail_msg("%s: %zu of %zu outputs not written (still NaN)", label, unwritten, nC);
     if (!(err < tolerance(dt))) fail_msg("%s: relative error %.3e >= %.0e", label, err, tolerance(dt));
-    if (st) {
-        st->cases++;
-        if (err >= st->worst) {
-            st->worst = err;
-            snprintf(st->worst_case, sizeof st->worst_case, "%s", label);
-        }
-    }
+    if (st) err_stats_add(st, err, label);
     cudaFree(A);
     cudaFree(bias);
     cudaFree(C);
@@ -1129,13 +1113,7 @@ static void test_selfref_streams_and_graphs(void **state) {
 static int setup(void **state) {
     (void)state;
     w4a16_device_info info;
-    w4a16_status s = w4a16_get_device_info(0, &info);
-    if (s != W4A16_OK || !info.supported) {
-        snprintf(skip_reason, sizeof skip_reason, "no usable CUDA GPU: %s",
-                 s != W4A16_OK ? w4a16_last_error_message() : info.reason);
-        return 0;
-    }
-    printf("test_gpu: %s; seed %llu\n", info.reason, (unsigned long long)seed);
+    if (!gpu_suite_device("test_gpu", (unsigned long long)seed, &info, skip_reason, sizeof skip_reason)) return 0;
     have_gpu = 1;
     sm_count = info.sm_count;
     staged_device = info.cc_major == 9 && info.cc_minor == 0 && strcmp(info.profile, "sm90") == 0;

@@ -27,13 +27,7 @@ static char skip_reason[512];
 static int have_gpu;
 static int quick; /* W4A16_TEST_QUICK=1 (make sanitize): small token counts only */
 
-#define REQUIRE_GPU()                                                                                                  \
-    do {                                                                                                               \
-        if (!have_gpu) {                                                                                               \
-            printf("  SKIPPED: %s\n", skip_reason);                                                                    \
-            skip();                                                                                                    \
-        }                                                                                                              \
-    } while (0)
+#define REQUIRE_GPU() GPU_TEST_REQUIRE(have_gpu, skip_reason)
 
 /* ---------------------------------------------------------------- argument checks (no GPU needed)
  * The "device" buffers are host arrays with a pattern that must survive: no call here passes validation. */
@@ -436,11 +430,7 @@ static void routing_free(routing *R) {
     cudaFree(R->npp);
 }
 
-typedef struct stats {
-    double worst;
-    int cases;
-    char worst_case[200];
-} stats;
+typedef err_stats stats;
 
 /* One grouped GEMM (first: A [T, K] with top_k; second: A [T top_k, K] with top_k 1 and topk_weights) against the
  * per-expert reference; rows of dropped pairs must keep their poison. */
@@ -498,11 +488,7 @@ static void check_gemm(const experts *X, const routing *R, const int32_t *ids, i
     if (overwritten) fail_msg("%s: %zu outputs of dropped rows were written", full, overwritten);
     if (!(err < tolerance(dt))) fail_msg("%s: relative error %.3e >= %.0e", full, err, tolerance(dt));
     if (g_use_ws) assert_counters_zero(full);
-    st->cases++;
-    if (err >= st->worst) {
-        st->worst = err;
-        snprintf(st->worst_case, sizeof st->worst_case, "%s", full);
-    }
+    err_stats_add(st, err, full);
     cudaFree(A);
     cudaFree(bias);
     cudaFree(dtw);
@@ -680,12 +666,51 @@ static void test_moe_split_k(void **state) {
            st.worst_case);
 }
 
+/* Under a forced profile, every MoE kernel (each tile, layout and dtype, split or not) must get the resident blocks
+ * per SM its plan counts on: on a GPU with larger SMs than the profile's architecture, only the carveout that holds
+ * each SM to the profile's shared memory keeps more blocks from running than on that architecture. */
+static void check_moe_occupancy(const char *profile) {
+    int dev_smem_per_sm = 0;
+    GPU_CHECK(cudaDeviceGetAttribute(&dev_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    const int blocks[] = {8, 16, 32, 64};
+    int plans = 0, emulated = 0, held = 0;
+    for (int b = 0; b < 4; b++)
+        for (int marlin = 0; marlin < 2; marlin++)
+            for (int d = 0; d < 2; d++)
+                for (int ws = 0; ws < 2; ws++) {
+                    /* decode-sized routing (splits K with a workspace) on the 16-row tiles, many blocks on others */
+                    const int cap = blocks[b] <= 16 ? 4 * blocks[b] : 512 * blocks[b];
+                    w4a16_gemm_plan_info pi;
+                    W4_CHECK(w4a16_moe_gemm_plan(marlin, cap, blocks[b], 2048, 4096, 128, d ? W4A16_BF16 : W4A16_FP16,
+                                                 ws ? g_ws_bytes : 0, &pi));
+                    if (pi.occupancy < 1 || pi.occupancy != pi.blocks_per_sm)
+                        fail_msg("profile %s, %s %s block %d%s: the GPU gives %d blocks per SM, the plan counts on %d "
+                                 "(%s)",
+                                 profile, marlin ? "Marlin" : "AWQ", d ? "bf16" : "fp16", blocks[b],
+                                 ws ? " with a workspace" : "", pi.occupancy, pi.blocks_per_sm, pi.text);
+                    if (ws && blocks[b] <= 16 && pi.splits < 2)
+                        fail_msg("profile %s: the decode-sized call did not split K (%s)", profile, pi.text);
+                    emulated += pi.carveout >= 0;
+                    held += pi.occupancy == pi.smem_blocks_per_sm;
+                    plans++;
+                }
+    printf("  profile %s: %d MoE plans, %d with a carveout, %d held by shared memory\n", profile, plans, emulated,
+           held);
+    /* sm_120 SMs have 100 KB: on a GPU with more, every MoE kernel runs held to them */
+    if (strcmp(profile, "sm120") == 0 && dev_smem_per_sm > 100 * 1024) {
+        assert_int_equal(emulated, plans);
+        assert_int_equal(held, plans);
+    }
+}
+
 /* The sm120 profile (RTX 5090 / RTX PRO 6000 / DGX Spark family) forced on this GPU. */
 static void test_moe_forced_sm120(void **state) {
     (void)state;
     REQUIRE_GPU();
+    check_moe_occupancy("native");
     w4a16_status s = w4a16_force_profile("sm120");
     if (s != W4A16_OK) fail_msg("forcing sm120: %s", w4a16_last_error_message());
+    check_moe_occupancy("sm120");
     stats st = {0};
     g_use_ws = 0; /* this test also covers the calls without a workspace */
     run_case(7, 128, 10, 128, 128, IDS_DUP, 1, &st);
@@ -839,13 +864,7 @@ static void test_moe_graph_capture(void **state) {
 static int setup(void **state) {
     (void)state;
     w4a16_device_info info;
-    w4a16_status s = w4a16_get_device_info(0, &info);
-    if (s != W4A16_OK || !info.supported) {
-        snprintf(skip_reason, sizeof skip_reason, "no usable CUDA GPU: %s",
-                 s != W4A16_OK ? w4a16_last_error_message() : info.reason);
-        return 0;
-    }
-    printf("test_moe: %s; seed %llu\n", info.reason, (unsigned long long)seed);
+    if (!gpu_suite_device("test_moe", (unsigned long long)seed, &info, skip_reason, sizeof skip_reason)) return 0;
     int sms = 0;
     GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     W4_CHECK(w4a16_moe_workspace_size(&g_ws_bytes));

@@ -213,166 +213,26 @@ def test_vllm_signatures(newest):
     sorted_ids, expert_ids, npp = moe.align(ids, E, bs)
     x = (torch.rand((T, K), device="cuda", generator=g) * 2 - 1).to(dtype)
     ws = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    if newest:
-        assert len(torch.ops.w4a16.moe_wna16_marlin_gemm.default._schema.arguments) == 26
-        out = moe.moe_wna16_marlin_gemm(
-            x,
-            None,
-            mw,
-            None,
-            ms,
-            None,
-            None,
-            mz,
-            ws,
-            sorted_ids,
-            expert_ids,
-            npp,
-            tw,
-            bs,
-            top_k,
-            False,
-            0,
-            T,
-            N,
-            K,
-            False,
-            True,
-            False,
-            -1,
-            -1,
-            -1,
-        )
-    else:
-        assert len(torch.ops.w4a16.moe_wna16_marlin_gemm_v0_15.default._schema.arguments) == 29
-        out = moe.moe_wna16_marlin_gemm_v0_15(
-            x,
-            None,
-            mw,
-            None,
-            ms,
-            None,
-            None,
-            mz,
-            None,
-            None,
-            ws,
-            sorted_ids,
-            expert_ids,
-            npp,
-            tw,
-            bs,
-            top_k,
-            False,
-            0,
-            T,
-            N,
-            K,
-            True,
-            False,
-            True,
-            False,
-            -1,
-            -1,
-            -1,
-        )
+    name, args = ("moe_wna16_marlin_gemm", 26) if newest else ("moe_wna16_marlin_gemm_v0_15", 29)
+    op = getattr(moe, name)
+    assert len(getattr(torch.ops.w4a16, name).default._schema.arguments) == args
+
+    def gemm(a, rows, k, mul, g_idx=None):
+        """One GEMM through the op's argument list: vLLM 0.15.1's adds g_idx, perm (after the zero points) and
+        is_full_k (after size_k)."""
+        head = [a, None, mw, None, ms, None, None, mz] + ([] if newest else [g_idx, None])
+        mid = [ws, sorted_ids, expert_ids, npp, tw, bs, k, mul, 0, rows, N, K] + ([] if newest else [True])
+        return op(*head, *mid, False, True, False, -1, -1, -1)
+
+    out = gemm(x, T, top_k, False)
     ref = torch.stack([x[t].float() @ w[int(ids[t, k])] for t in range(T) for k in range(top_k)])
     assert rel(out, ref) < 5e-3
     # second GEMM: one row per pair (A [T top_k, K]), top_k = 1, rows weighted by topk_weights
     a2 = (torch.rand((T * top_k, K), device="cuda", generator=g) * 2 - 1).to(dtype)
-    if newest:
-        out2 = moe.moe_wna16_marlin_gemm(
-            a2,
-            None,
-            mw,
-            None,
-            ms,
-            None,
-            None,
-            mz,
-            ws,
-            sorted_ids,
-            expert_ids,
-            npp,
-            tw,
-            bs,
-            1,
-            True,
-            0,
-            T * top_k,
-            N,
-            K,
-            False,
-            True,
-            False,
-            -1,
-            -1,
-            -1,
-        )
-    else:
-        out2 = moe.moe_wna16_marlin_gemm_v0_15(
-            a2,
-            None,
-            mw,
-            None,
-            ms,
-            None,
-            None,
-            mz,
-            None,
-            None,
-            ws,
-            sorted_ids,
-            expert_ids,
-            npp,
-            tw,
-            bs,
-            1,
-            True,
-            0,
-            T * top_k,
-            N,
-            K,
-            True,
-            False,
-            True,
-            False,
-            -1,
-            -1,
-            -1,
-        )
+    out2 = gemm(a2, T * top_k, 1, True)
     flat = ids.flatten()
     ref2 = torch.stack([tw.flatten()[i] * (a2[i].float() @ w[int(flat[i])]) for i in range(T * top_k)])
     assert rel(out2, ref2) < 5e-3
-    with pytest.raises(NotImplementedError):
-        moe.moe_wna16_marlin_gemm_v0_15(
-            x,
-            None,
-            mw,
-            None,
-            ms,
-            None,
-            None,
-            mz,
-            torch.arange(K, device="cuda"),
-            None,
-            ws,
-            sorted_ids,
-            expert_ids,
-            npp,
-            tw,
-            bs,
-            top_k,
-            False,
-            0,
-            T,
-            N,
-            K,
-            True,
-            False,
-            True,
-            False,
-            -1,
-            -1,
-            -1,
-        )
+    if not newest:  # act-order is refused
+        with pytest.raises(NotImplementedError):
+            gemm(x, T, top_k, False, g_idx=torch.arange(K, device="cuda"))

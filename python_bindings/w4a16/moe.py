@@ -223,6 +223,32 @@ def _unsupported(a_scales=None, global_scale=None, g_idx=None, perm=None, is_zp_
         raise NotImplementedError("w4a16: floating-point zero points are not supported (AWQ zero points are int4)")
 
 
+# the arguments of vLLM's moe_wna16_marlin_gemm (both argument lists) that the grouped GEMM takes, in _grouped's order
+_VLLM_GROUPED_ARGS = (
+    "a",
+    "c_or_none",
+    "b_q_weight",
+    "b_bias_or_none",
+    "b_scales",
+    "b_zeros_or_none",
+    "sorted_token_ids",
+    "expert_ids",
+    "num_tokens_past_padded",
+    "topk_weights",
+    "mul_topk_weights",
+    "moe_block_size",
+    "top_k",
+    "size_m",
+    "size_n",
+    "size_k",
+)
+
+
+def _vllm_grouped(args: dict) -> Tensor:
+    """The Marlin-layout grouped GEMM of one vLLM op call, given the op's arguments by name."""
+    return _grouped("marlin", *(args[n] for n in _VLLM_GROUPED_ARGS))
+
+
 @torch.library.custom_op("w4a16::moe_wna16_marlin_gemm", mutates_args=())
 def moe_wna16_marlin_gemm(
     a: Tensor,
@@ -256,25 +282,7 @@ def moe_wna16_marlin_gemm(
     (given: uint4 with zero points, AWQ; None: uint4b8, GPTQ); workspace, use_atomic_add, use_fp32_reduce (w4a16
     always accumulates in fp32) and the thread / blocks hints are accepted and not needed."""
     _unsupported(a_scales, global_scale, is_zp_float=is_zp_float)
-    return _grouped(
-        "marlin",
-        a,
-        c_or_none,
-        b_q_weight,
-        b_bias_or_none,
-        b_scales,
-        b_zeros_or_none,
-        sorted_token_ids,
-        expert_ids,
-        num_tokens_past_padded,
-        topk_weights,
-        mul_topk_weights,
-        moe_block_size,
-        top_k,
-        size_m,
-        size_n,
-        size_k,
-    )
+    return _vllm_grouped(locals())
 
 
 @moe_wna16_marlin_gemm.register_fake
@@ -343,25 +351,7 @@ def moe_wna16_marlin_gemm_v0_15(
 ) -> Tensor:
     """vLLM 0.15.1's argument list (29: the newest one plus g_idx, perm and is_full_k; act-order is refused)."""
     _unsupported(a_scales, global_scale, g_idx_or_none, perm_or_none, is_zp_float, is_full_k)
-    return _grouped(
-        "marlin",
-        a,
-        c_or_none,
-        b_q_weight,
-        b_bias_or_none,
-        b_scales,
-        b_zeros_or_none,
-        sorted_token_ids,
-        expert_ids,
-        num_tokens_past_padded,
-        topk_weights,
-        mul_topk_weights,
-        moe_block_size,
-        top_k,
-        size_m,
-        size_n,
-        size_k,
-    )
+    return _vllm_grouped(locals())
 
 
 @moe_wna16_marlin_gemm_v0_15.register_fake
