@@ -250,7 +250,7 @@ $(BUILD)/$(BENCH_SONAME):
 	@test -n "$(BENCH_SO)" || { echo "Google Benchmark not found: apt-get install libbenchmark-dev"; exit 1; }
 	cp -L $(BENCH_SO) $@
 
-$(BUILD)/bench: bench/bench.cc tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
+$(BUILD)/bench: bench/bench.cc bench/bench_util.h tests/cases.h tests/gpu_util.h $(BUILD)/libw4a16.so $(BUILD)/libw4a16_ref.a $(BUILD)/$(BENCH_SONAME)
 	$(CXX) $(CXXFLAGS) -Iinclude $< -o $@ $(BUILD)/libw4a16_ref.a -L$(BUILD) -lw4a16 -lbenchmark -lpthread $(GPU_LIBS)
 
 # the MoE family (bench/bench_moe.cc): grouped GEMMs of four MoE models' expert layers; options in BENCH_MOE_ARGS

@@ -23,6 +23,7 @@
 
 #include "../tests/cases.h"
 #include "../tests/gpu_util.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -191,21 +192,7 @@ double time_us(Path p, LayerData *d, int M) {
     const int warm = (int)std::clamp(10000.0 / std::max(est_us, 1.0), 3.0, 5000.0);
     for (int i = 0; i < warm; i++) launch(p, d, M, copy++);
     int reps = (int)std::clamp(2000.0 / std::max(est_us, 1.0), 5.0, 200.0); // about 2 ms a sample
-    const int samples = 9;
-    double best = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        std::vector<double> t;
-        for (int s = 0; s < samples; s++) {
-            GPU_CHECK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; i++) launch(p, d, M, copy++);
-            GPU_CHECK(cudaEventRecord(e1));
-            GPU_CHECK(cudaEventSynchronize(e1));
-            GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1000.0 / reps);
-        }
-        std::sort(t.begin(), t.end());
-        if (pass == 0 || t[samples / 2] < best) best = t[samples / 2];
-    }
+    const double best = time_launches([&] { launch(p, d, M, copy++); }, reps, e0, e1);
     GPU_CHECK(cudaGetLastError());
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -301,48 +288,6 @@ void register_all() {
                 }
             }
     }
-}
-
-// Device ceilings measured here, once: a large device-to-device copy and a large cuBLAS product.
-void measure_ceilings() {
-    size_t bytes = (size_t)1 << 30;
-    void *a = gpu_alloc(bytes), *b = gpu_alloc(bytes);
-    GPU_CHECK(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f, ms;
-    for (int i = 0; i < 6; i++) {
-        cudaEventRecord(e0);
-        GPU_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i) best = std::min(best, ms);
-    }
-    dev.copy_tbps = 2.0 * bytes / (best * 1e-3) / 1e12;
-    cudaFree(a);
-    cudaFree(b);
-    const int n = 8192;
-    std::vector<uint16_t> h((size_t)n * n);
-    uint64_t seed = 99;
-    fill_random_half(h.data(), h.size(), -1.f, 1.f, W4A16_FP16, &seed);
-    void *x = gpu_upload(h.data(), h.size() * 2), *y = gpu_upload(h.data(), h.size() * 2), *z = gpu_alloc(h.size() * 2);
-    best = 1e30f;
-    for (int i = 0; i < 6; i++) {
-        cudaEventRecord(e0);
-        cublas_gemm(dev.blas, x, y, z, n, n, n, W4A16_FP16, CUDA_R_16F);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i) best = std::min(best, ms);
-    }
-    dev.cublas_tflops = 2.0 * n * n * (double)n / (best * 1e-3) / 1e12;
-    cudaFree(x);
-    cudaFree(y);
-    cudaFree(z);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 const Row *find(const std::string &layer, const char *path, const std::string &dtype, int M, bool forced) {
@@ -472,7 +417,9 @@ int main(int argc, char **argv) {
     }
     dev.ws_staged = gpu_alloc(dev.ws_staged_bytes);
     GPU_CHECK(cudaMemset(dev.ws_staged, 0, dev.ws_staged_bytes));
-    measure_ceilings();
+    const Ceilings ceil = measure_ceilings(dev.blas);
+    dev.copy_tbps = ceil.copy_tbps;
+    dev.cublas_tflops = ceil.cublas_tflops;
     printf("w4a16 %s on %s: %s\n", w4a16_version_string(), dev.info.name, dev.info.reason);
     register_all();
     int n = (int)rest.size();
