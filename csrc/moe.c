@@ -210,6 +210,10 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "M=%d x top_k=%d rows of C do not fit int32 indexes", M, top_k);
     if (block_size < 8 || block_size > 64 || block_size % 8)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "block_size=%d is not a multiple of 8 in 8..64", block_size);
+    /* the grid is counted in int from sorted_capacity, as the routing kernel's loops are */
+    if (sorted_capacity > 2147483647 - 1024 || blocks_capacity > 2147483647 - 1024)
+        return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=%d / blocks_capacity=%d: at most %d entries",
+                          sorted_capacity, blocks_capacity, 2147483647 - 1024);
     if (sorted_capacity < block_size || blocks_capacity < 1)
         return w4a16_fail(W4A16_ERR_INVALID_SHAPE,
                           "sorted_capacity=%d must hold a block of %d and blocks_capacity=%d "

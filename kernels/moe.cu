@@ -481,9 +481,14 @@ template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_lau
     int smem;
     cudaError_t err = prepare<T, LAYOUT, MT>(a, a.splits > 1, &kern, &smem);
     if (err != cudaSuccess) return err;
-    dim3 grid(a.grid_blocks, (a.N + BN - 1) / BN, a.splits);
-    kern<<<grid, THREADS, smem, static_cast<cudaStream_t>(a.stream)>>>(a);
-    return cudaGetLastError();
+    // cudaLaunchKernelEx returns this launch's own status, where <<<>>> + cudaGetLastError would also report (and
+    // clear) an earlier error of someone else's
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(a.grid_blocks, (a.N + BN - 1) / BN, a.splits);
+    c.blockDim = dim3(THREADS);
+    c.dynamicSmemBytes = smem;
+    c.stream = static_cast<cudaStream_t>(a.stream);
+    return cudaLaunchKernelEx(&c, kern, a);
 }
 
 template <typename T, int LAYOUT, int MT> cudaError_t occupancy(const w4a16_moe_launch &a, bool split, int *n) {
@@ -519,10 +524,13 @@ extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, 
                                       int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids,
                                       int blocks_capacity, int32_t *num_post_padded, void *stream) {
     const size_t smem = (size_t)(3 * num_experts + 1) * sizeof(int);
-    w4a16::moe::align_kernel<<<1, 1024, smem, static_cast<cudaStream_t>(stream)>>>(
-        topk_ids, num_entries, num_experts, block_size, sorted_ids, sorted_capacity, expert_ids, blocks_capacity,
-        num_post_padded);
-    return cudaGetLastError();
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(1);
+    c.blockDim = dim3(1024);
+    c.dynamicSmemBytes = smem;
+    c.stream = static_cast<cudaStream_t>(stream);
+    return cudaLaunchKernelEx(&c, w4a16::moe::align_kernel, topk_ids, num_entries, num_experts, block_size, sorted_ids,
+                              sorted_capacity, expert_ids, blocks_capacity, num_post_padded);
 }
 
 extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {

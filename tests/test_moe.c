@@ -165,6 +165,9 @@ static void test_cpu_gemm_checks(void **state) {
            W4A16_ERR_INVALID_SHAPE, "blocks_capacity=7");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 8, 8, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
            W4A16_ERR_INVALID_SHAPE, "sorted_capacity=8");
+    /* a grid counted in int from these capacities would overflow */
+    EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 2147483647, 134217728, 16, 4, 2, 8, 64, 128, 64, W4A16_FP16),
+           W4A16_ERR_SIZE_OVERFLOW, "sorted_capacity=2147483647");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 96, 128, 64, W4A16_FP16),
            W4A16_ERR_INVALID_SHAPE, "N=96");
     EXPECT(MGEMM(A, W, S, Z, NULL, NULL, C, SI, EI, NP, 128, 8, 16, 4, 2, 8, 64, 96, 32, W4A16_FP16),
