@@ -33,7 +33,7 @@ extern "C" {
 
 /* ---------------------------------------------------------------- version */
 #define W4A16_VERSION_MAJOR 0
-#define W4A16_VERSION_MINOR 1
+#define W4A16_VERSION_MINOR 2
 #define W4A16_VERSION_PATCH 0
 #define W4A16_VERSION_NUMBER (W4A16_VERSION_MAJOR * 10000 + W4A16_VERSION_MINOR * 100 + W4A16_VERSION_PATCH)
 

@@ -16,7 +16,7 @@ fail() { echo "install-test: FAILED: $*"; exit 1; }
 
 make -s "${vars[@]}" install >/dev/null
 export PKG_CONFIG_PATH=$libdir/pkgconfig
-pkg-config --exists --print-errors 'w4a16 >= 0.1' w4a16-static
+pkg-config --exists --print-errors 'w4a16 >= 0.2' w4a16-static
 cc=${CC:-cc}
 
 # run PROGRAM: exit 0 with a reference match, or 2 with a readable reason when no GPU can be used
