@@ -8,9 +8,11 @@ fused Marlin MoE, whose two `_moe_C::moe_wna16_marlin_gemm` calls reach w4a16). 
 test_vllm_moe.py, and what reaches its grouped GEMM is checked bit for bit against w4a16.formats per expert.
 
 Stood in for, because it is CUDA-only or asks the GPU: vLLM's routing kernel (moe_align_block_size, by the CPU twin in
-test_vllm_moe.py), its SiLU-and-mul kernel (`_C::silu_and_mul`, given a CPU implementation for the test), the Marlin
-workspace allocation (sized from the GPU's SM count), and in 0.33 the choice of the MoE backend (made from the
-platform: on a CPU-only machine vLLM picks its CPU experts, so the Marlin backend is named instead)."""
+test_vllm_moe.py), its SiLU-and-mul and (0.33) top-k sum kernels (`_C::silu_and_mul`, `_moe_C::moe_sum`, given CPU
+implementations for the test), the Marlin workspace allocation (sized from the GPU's SM count) and capability check,
+in 0.14 the router object apply routes through (answering fixed top-k ids), and in 0.33 the MoE backend choice and
+the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU experts, so the Marlin
+backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
 
 import contextlib
 import dataclasses
@@ -24,14 +26,32 @@ import torch
 vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
 
 from test_vllm import _same  # noqa: E402
-from test_vllm_moe import GEN, MOE, SERVED, _experts, _want, align_cpu  # noqa: E402
-from test_vllm_moe import rec as _rec  # noqa: E402, F401  (the fixture `rec`: pytest finds it by its own name)
+from test_vllm_moe import GEN, MOE, SERVED, MoeRecorder, _experts, _want, align_cpu  # noqa: E402
 from w4a16 import formats  # noqa: E402
+from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
 VERSION = importlib.metadata.version("vllm")
 DTYPES = (torch.float16, torch.bfloat16)
 
 pytestmark = pytest.mark.skipif(not SERVED, reason=f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    """As in test_vllm_moe.py: the adapter installed for CPU tensors, w4a16's repacks and grouped GEMM recorded."""
+    import w4a16.moe
+    import w4a16.torch as wt
+
+    r = MoeRecorder()
+    for name in ("awq_marlin_repack", "gptq_marlin_repack", "marlin_gemm"):
+        monkeypatch.setattr(wt, name, getattr(r, name))
+    monkeypatch.setattr(w4a16.moe, "_grouped", r.grouped)
+    adapter_mod.uninstall()
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    assert a is not None and a.serves_moe
+    r.adapter = a
+    yield r
+    adapter_mod.uninstall()
 
 
 # ---------------------------------------------------------------------------------------------- vLLM's classes
@@ -56,6 +76,15 @@ def _quant_config(method, G, act_order=False):
     return gptq_cfg.from_config({"bits": 4, "group_size": G, "desc_act": act_order, "sym": True})
 
 
+def _no_parallel(cls):
+    """One rank of one: vLLM's make_no_parallel where it has it (0.15 on), else the same fields by hand (0.14)."""
+    if hasattr(cls, "make_no_parallel"):
+        return cls.make_no_parallel()
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    values = {n: (1 if n.endswith("_size") else 0) for n in fields if n.endswith(("_size", "_rank"))}
+    return cls(**values, use_ep=False, all2all_backend="naive")
+
+
 def _moe_config(E, top_k, H, inter, dtype):
     """vLLM's FusedMoEConfig for one unsharded layer (tensor parallel 1, no expert parallelism)."""
     cfg = importlib.import_module("vllm.model_executor.layers.fused_moe.config")
@@ -70,7 +99,7 @@ def _moe_config(E, top_k, H, inter, dtype):
         activation="silu",
         device="cpu",
         routing_method=cfg.RoutingMethodType.Renormalize,
-        moe_parallel_config=cfg.FusedMoEParallelConfig.make_no_parallel(),
+        moe_parallel_config=_no_parallel(cfg.FusedMoEParallelConfig),
         in_dtype=dtype,
     )
     if _is_new():  # the activation is an enum from 0.33 on, a string before
@@ -176,7 +205,7 @@ def _layer(method, E, H, inter, G, dtype, bias, act_order=False, seed=0):
     layer.apply_router_weight_on_input = False
     layer.expert_map = None
     layer.moe_config = moe
-    layer.activation = moe.activation
+    layer.activation = getattr(moe, "activation", "silu")
     layer._expert_routing_tables = lambda: None  # RoutedExperts' answer without expert parallelism
     extra = dict(weight_loader=lambda *a, **k: None, intermediate_size_full=inter)
     qm.create_weights(layer, E, H, inter, dtype, **extra)
@@ -209,12 +238,17 @@ def _layer(method, E, H, inter, G, dtype, bias, act_order=False, seed=0):
 
 
 def _apply(qm, layer, x, topk_weights, topk_ids):
-    """The method's forward for routed tokens, as FusedMoE's runner calls it."""
+    """The method's forward for routed tokens, as FusedMoE's runner calls it. 0.14's methods route inside apply,
+    through a router object: stood in for by one that answers these top-k weights and ids."""
     import inspect
+    import types
 
     params = inspect.signature(qm.apply).parameters
-    extra = {k: None for k in ("shared_experts", "shared_experts_input") if k in params}
     with _cpu_kernels():
+        if "router" in params:
+            router = types.SimpleNamespace(select_experts=lambda hidden_states, router_logits: (topk_weights, topk_ids))
+            return qm.apply(layer, router, x, torch.empty(x.shape[0], layer.global_num_experts))
+        extra = {k: None for k in ("shared_experts", "shared_experts_input") if k in params}
         return qm.apply(layer, x, topk_weights, topk_ids, **extra)
 
 
