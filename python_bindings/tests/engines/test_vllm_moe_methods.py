@@ -1,0 +1,353 @@
+"""w4a16 under vLLM's real MoE quantization methods (AWQ / GPTQ Marlin MoE: `AWQMarlinMoEMethod` and
+`GPTQMarlinMoEMethod` up to 0.29, `AutoAWQMoEMethod` and `AutoGPTQMoEMethod` in 0.33), on a machine without a GPU.
+
+Each test runs a method as vLLM's FusedMoE layer does: `create_weights` on a module, the checkpoint tensors copied
+into its parameters (the weight loader at tensor parallel size 1), `process_weights_after_loading` (vLLM's own repack,
+scale and zero-point conversions, whose per-expert repacks reach w4a16 through the dispatcher) and `apply` (vLLM's
+fused Marlin MoE, whose two `_moe_C::moe_wna16_marlin_gemm` calls reach w4a16). w4a16 is replaced by the recorders of
+test_vllm_moe.py, and what reaches its grouped GEMM is checked bit for bit against w4a16.formats per expert.
+
+Stood in for, because it is CUDA-only or asks the GPU: vLLM's routing kernel (moe_align_block_size, by the CPU twin in
+test_vllm_moe.py), its SiLU-and-mul and (0.33) top-k sum kernels (`_C::silu_and_mul`, `_moe_C::moe_sum`, given CPU
+implementations for the test), the Marlin workspace allocation (sized from the GPU's SM count) and capability check,
+in 0.14 the router object apply routes through (answering fixed top-k ids), and in 0.33 the MoE backend choice and
+the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU experts, so the Marlin
+backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.metadata
+
+import numpy as np
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
+
+from test_vllm import _same  # noqa: E402
+from test_vllm_moe import GEN, MOE, SERVED, MoeRecorder, _experts, _want, align_cpu  # noqa: E402
+from w4a16 import formats  # noqa: E402
+from w4a16.engines import vllm as adapter_mod  # noqa: E402
+
+VERSION = importlib.metadata.version("vllm")
+DTYPES = (torch.float16, torch.bfloat16)
+
+pytestmark = pytest.mark.skipif(not SERVED, reason=f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    """As in test_vllm_moe.py: the adapter installed for CPU tensors, w4a16's repacks and grouped GEMM recorded."""
+    import w4a16.moe
+    import w4a16.torch as wt
+
+    r = MoeRecorder()
+    for name in ("awq_marlin_repack", "gptq_marlin_repack", "marlin_gemm"):
+        monkeypatch.setattr(wt, name, getattr(r, name))
+    monkeypatch.setattr(w4a16.moe, "_grouped", r.grouped)
+    adapter_mod.uninstall()
+    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
+    assert a is not None and a.serves_moe
+    r.adapter = a
+    yield r
+    adapter_mod.uninstall()
+
+
+# ---------------------------------------------------------------------------------------------- vLLM's classes
+def _q(name):
+    return importlib.import_module("vllm.model_executor.layers.quantization." + name)
+
+
+def _method_classes():
+    """(AWQ config, AWQ MoE method, GPTQ config, GPTQ MoE method) of this release."""
+    try:
+        awq, gptq = _q("awq_marlin"), _q("gptq_marlin")
+        return awq.AWQMarlinConfig, awq.AWQMarlinMoEMethod, gptq.GPTQMarlinConfig, gptq.GPTQMarlinMoEMethod
+    except ImportError:
+        awq, gptq = _q("auto_awq"), _q("auto_gptq")
+        return awq.AutoAWQConfig, awq.AutoAWQMoEMethod, gptq.AutoGPTQConfig, gptq.AutoGPTQMoEMethod
+
+
+def _quant_config(method, G, act_order=False):
+    awq_cfg, _, gptq_cfg, _ = _method_classes()
+    if method == "awq":
+        return awq_cfg.from_config({"bits": 4, "group_size": G, "zero_point": True})
+    return gptq_cfg.from_config({"bits": 4, "group_size": G, "desc_act": act_order, "sym": True})
+
+
+def _no_parallel(cls):
+    """One rank of one: vLLM's make_no_parallel where it has it (0.15 on), else the same fields by hand (0.14)."""
+    if hasattr(cls, "make_no_parallel"):
+        return cls.make_no_parallel()
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    values = {n: (1 if n.endswith("_size") else 0) for n in fields if n.endswith(("_size", "_rank"))}
+    return cls(**values, use_ep=False, all2all_backend="naive")
+
+
+def _moe_config(E, top_k, H, inter, dtype):
+    """vLLM's FusedMoEConfig for one unsharded layer (tensor parallel 1, no expert parallelism)."""
+    cfg = importlib.import_module("vllm.model_executor.layers.fused_moe.config")
+    values = dict(
+        num_experts=E,
+        experts_per_token=top_k,
+        hidden_dim=H,
+        intermediate_size=inter,
+        intermediate_size_per_partition=inter,
+        num_local_experts=E,
+        num_logical_experts=E,
+        activation="silu",
+        device="cpu",
+        routing_method=cfg.RoutingMethodType.Renormalize,
+        moe_parallel_config=_no_parallel(cfg.FusedMoEParallelConfig),
+        in_dtype=dtype,
+    )
+    if _is_new():  # the activation is an enum from 0.33 on, a string before
+        values["activation"] = importlib.import_module(
+            "vllm.model_executor.layers.fused_moe.activation"
+        ).MoEActivation.SILU
+    names = {f.name for f in dataclasses.fields(cfg.FusedMoEConfig) if f.init}
+    return cfg.FusedMoEConfig(**{k: v for k, v in values.items() if k in names})
+
+
+def _is_new():
+    """0.33's MoE plumbing (method -> oracle-chosen experts class -> modular kernel) rather than 0.15's direct call."""
+    try:
+        importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.int_wna16")
+        return True
+    except ImportError:
+        return False
+
+
+@contextlib.contextmanager
+def _cpu_kernels():
+    """CPU implementations of the two CUDA-only vLLM kernels the fused Marlin MoE calls around its GEMMs, for the
+    duration: `_C::silu_and_mul` and (0.33) `_moe_C::moe_sum`, the sum over each token's top_k rows."""
+
+    def silu_and_mul(out, x):
+        n = x.shape[-1] // 2
+        out.copy_(torch.nn.functional.silu(x[..., :n]) * x[..., n:])
+
+    def moe_sum(inp, out, topk_ids=None, expert_map=None):
+        assert expert_map is None
+        out.copy_(inp.sum(dim=1))
+
+    act, moe = torch.library.Library("_C", "IMPL"), torch.library.Library("_moe_C", "IMPL")
+    act.impl("silu_and_mul", silu_and_mul, "CPU")
+    moe.impl("moe_sum", moe_sum, "CPU")
+    try:
+        yield
+    finally:
+        act._destroy()
+        moe._destroy()
+
+
+def _env(monkeypatch):
+    """vLLM's GPU-only environment: the Marlin workspace, the routing kernel and (0.33) the backend choice."""
+    ws = lambda device, *a, **k: torch.zeros(132, dtype=torch.int32, device=device)  # noqa: E731
+    for name in ("awq_marlin", "gptq_marlin", "auto_awq", "auto_gptq", "utils.marlin_utils"):
+        try:
+            mod = _q(name)
+        except ImportError:
+            continue
+        for attr in ("marlin_make_workspace_new", "get_marlin_workspace"):
+            if hasattr(mod, attr):
+                monkeypatch.setattr(mod, attr, ws)
+        if hasattr(mod, "verify_marlin_supported"):  # asks the GPU's capability
+            monkeypatch.setattr(mod, "verify_marlin_supported", lambda *a, **k: None)
+    for name in (
+        "vllm.model_executor.layers.fused_moe.experts.marlin_moe",
+        "vllm.model_executor.layers.fused_moe.fused_marlin_moe",
+    ):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        monkeypatch.setattr(mod, "moe_align_block_size", align_cpu)
+        for attr in ("marlin_make_workspace_new", "get_marlin_workspace"):
+            if hasattr(mod, attr):
+                monkeypatch.setattr(mod, attr, ws)
+    if _is_new():
+        oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.int_wna16")
+        monkeypatch.setattr(oracle, "_get_priority_backends", lambda: [oracle.WNA16MoEBackend.MARLIN])
+        # the model runner's scratch memory, which the modular kernel takes its buffers from (here on the CPU)
+        workspace = importlib.import_module("vllm.v1.worker.workspace")
+        monkeypatch.setattr(workspace, "_manager", None)
+        workspace.init_workspace_manager(torch.device("cpu"))
+        marlin = importlib.import_module("vllm.model_executor.layers.fused_moe.experts.marlin_moe")
+        monkeypatch.setattr(marlin.MarlinExpertsBase, "_supports_current_device", staticmethod(lambda: True))
+
+
+# ---------------------------------------------------------------------------------------------- the layer
+def _gptq_checkpoint(E, K, N, G, dtype, seed, act_order):
+    """Symmetric GPTQ experts for a [K -> N] projection: qweight [E, K/8, N], scales, qzeros (8 stored as 7), g_idx."""
+    qw, _, s = _experts("gptq", E, K, N, G, dtype, seed)
+    rng = np.random.default_rng(seed + 7)
+    if act_order:
+        g_idx = torch.from_numpy(np.stack([rng.permutation(K).astype(np.int32) // G for _ in range(E)]))
+    else:
+        g_idx = (torch.arange(K, dtype=torch.int32) // G).repeat(E, 1)
+    qz = torch.from_numpy(formats.awq_pack(np.full((E * (K // G), N), 7, dtype=np.uint8))).view(E, K // G, N // 8)
+    return qw, qz, s, g_idx
+
+
+def _layer(method, E, H, inter, G, dtype, bias, act_order=False, seed=0):
+    """vLLM's MoE method on a bare module, as FusedMoE sets it up: create_weights, the checkpoint loaded,
+    process_weights_after_loading. Returns (method object, layer, checkpoint)."""
+    _, awq_cls, _, gptq_cls = _method_classes()
+    moe = _moe_config(E, 2, H, inter, dtype)
+    qm = (awq_cls if method == "awq" else gptq_cls)(_quant_config(method, G, act_order), moe)
+    layer = torch.nn.Module()
+    layer.intermediate_size_per_partition = inter
+    layer.hidden_size = H
+    layer.local_num_experts = E
+    layer.global_num_experts = E
+    layer.apply_router_weight_on_input = False
+    layer.expert_map = None
+    layer.moe_config = moe
+    layer.activation = getattr(moe, "activation", "silu")
+    layer._expert_routing_tables = lambda: None  # RoutedExperts' answer without expert parallelism
+    extra = dict(weight_loader=lambda *a, **k: None, intermediate_size_full=inter)
+    qm.create_weights(layer, E, H, inter, dtype, **extra)
+    if method == "awq":
+        ck13 = _experts("awq", E, H, 2 * inter, G, dtype, seed)
+        ck2 = _experts("awq", E, inter, H, G, dtype, seed + 1)
+        for name, (qw, qz, s) in (("w13", ck13), ("w2", ck2)):
+            getattr(layer, f"{name}_qweight").data.copy_(qw)
+            getattr(layer, f"{name}_qzeros").data.copy_(qz)
+            getattr(layer, f"{name}_scales").data.copy_(s)
+    else:
+        ck13 = _gptq_checkpoint(E, H, 2 * inter, G, dtype, seed, act_order)
+        ck2 = _gptq_checkpoint(E, inter, H, G, dtype, seed + 1, act_order)
+        for name, (qw, qz, s, g_idx) in (("w13", ck13), ("w2", ck2)):
+            getattr(layer, f"{name}_qweight").data.copy_(qw)
+            getattr(layer, f"{name}_scales").data.copy_(s)
+            qzeros = getattr(layer, f"{name}_qzeros", None)
+            if qzeros is not None and qzeros.dtype == torch.int32 and qzeros.shape == qz.shape:
+                qzeros.data.copy_(qz)
+            if hasattr(layer, f"{name}_g_idx"):
+                getattr(layer, f"{name}_g_idx").data.copy_(g_idx)
+    b13 = b2 = None
+    if bias:  # FusedMoE registers expert biases (has_bias) next to the method's parameters, natural order
+        b13, b2 = (torch.randn(E, 2 * inter) * 0.5).to(dtype), (torch.randn(E, H) * 0.5).to(dtype)
+        layer.register_parameter("w13_bias", torch.nn.Parameter(b13.clone(), requires_grad=False))
+        layer.register_parameter("w2_bias", torch.nn.Parameter(b2.clone(), requires_grad=False))
+    layer._loaded_expert_biases = {"w13_bias", "w2_bias"} if bias else set()  # what RoutedExperts' loader records
+    qm.process_weights_after_loading(layer)
+    return qm, layer, (ck13, ck2, b13, b2)
+
+
+def _apply(qm, layer, x, topk_weights, topk_ids):
+    """The method's forward for routed tokens, as FusedMoE's runner calls it. 0.14's methods route inside apply,
+    through a router object: stood in for by one that answers these top-k weights and ids."""
+    import inspect
+    import types
+
+    params = inspect.signature(qm.apply).parameters
+    with _cpu_kernels():
+        if "router" in params:
+            router = types.SimpleNamespace(select_experts=lambda hidden_states, router_logits: (topk_weights, topk_ids))
+            return qm.apply(layer, router, x, torch.empty(x.shape[0], layer.global_num_experts))
+        extra = {k: None for k in ("shared_experts", "shared_experts_input") if k in params}
+        return qm.apply(layer, x, topk_weights, topk_ids, **extra)
+
+
+def _route(T, E, top_k):
+    logits = torch.randn(T, E)
+    topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return topk_weights, topk_ids.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------- served by w4a16
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+# vLLM permutes both projections' scales with size_k = the intermediate size, so a layer whose intermediate size is
+# at most G while its hidden size is larger gets w13 scales in the one-group order on any kernel: the shapes avoid it
+@pytest.mark.parametrize("E,T,H,inter,G", [(4, 5, 256, 128, 64), (8, 33, 384, 256, 128)])
+def test_moe_method_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, H, inter, G):
+    _env(monkeypatch)
+    top_k = 2
+    qm, layer, (ck13, ck2, b13, b2) = _layer(method, E, H, inter, G, dtype, bias, seed=E * 100 + T + G + bias)
+    assert rec.named("moe_gemm") == []
+    # the per-expert repacks vLLM made when the weights loaded went to w4a16 (one dense repack per expert)
+    repacks = rec.named("awq_marlin_repack") + rec.named("gptq_marlin_repack")
+    assert len(repacks) == 2 * E, [r[0] for r in repacks]
+
+    x = torch.randn(T, H).to(dtype)
+    topk_weights, topk_ids = _route(T, E, top_k)
+    rec.calls.clear()
+    y = _apply(qm, layer, x, topk_weights, topk_ids)
+
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
+    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
+    want13 = _want(method, ck13[0], ck13[1] if method == "awq" else None, ck13[2], H, 2 * inter, G)
+    want2 = _want(method, ck2[0], ck2[1] if method == "awq" else None, ck2[2], inter, H, G)
+    for c, (ww, ws, wz), b in ((c1, want13, b13), (c2, want2, b2)):
+        assert c["layout"] == "marlin"
+        for e in range(E):  # per expert, so that a failure names the expert
+            assert np.array_equal(c["w"][e].numpy(), ww[e].numpy()), f"expert {e}: Marlin weights"
+            assert _same(c["scales"][e], ws[e]), f"expert {e}: Marlin scales"
+            if wz is None:
+                assert c["zeros"] is None or c["zeros"].numel() == 0
+            else:
+                assert np.array_equal(c["zeros"][e].numpy(), wz[e].numpy()), f"expert {e}: zero points"
+        assert (c["bias"] is None) if b is None else _same(c["bias"], b), "bias must reach w4a16 in natural order"
+    # routing: vLLM's buffers (from the CPU twin of its kernel) reach both GEMMs unchanged
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, c1["block"], E)
+    for c in (c1, c2):
+        assert torch.equal(c["sorted_ids"][: sorted_ids.numel()], sorted_ids)
+        assert torch.equal(c["expert_ids"][: expert_ids.numel()], expert_ids) and torch.equal(c["npp"], npp)
+    assert _same(c1["a"], x) and (c1["m"], c1["top_k"], c1["n"], c1["k"], c1["mul"]) == (T, top_k, 2 * inter, H, False)
+    act = torch.empty(T * top_k, inter, dtype=dtype)
+    n = inter
+    act.copy_(torch.nn.functional.silu(c1["out"][:, :n]) * c1["out"][:, n:])
+    assert _same(c2["a"], act)
+    assert (c2["n"], c2["k"], c2["mul"]) == (H, inter, True)
+    assert _same(c2["topk_weights"].to(topk_weights.dtype).view(-1), topk_weights.reshape(-1))
+    # vLLM sums the top_k weighted rows of the second GEMM (its moe_sum, in the activations' dtype)
+    want_y = torch.sum(c2["out"].view(T, top_k, H), dim=1)
+    assert y.shape == (T, H) and y.dtype == dtype
+    assert _same(y, want_y)
+
+
+# ---------------------------------------------------------------------------------------------- left to vLLM
+def test_act_order_moe_goes_to_vllms_kernel(rec, monkeypatch):
+    """GPTQ act-order experts (desc_act): w4a16 does not serve them, so the forward reaches vLLM's own kernel (CUDA
+    only: NotImplementedError on this CPU), and nothing reaches w4a16's grouped GEMM."""
+    _env(monkeypatch)
+    if "g_idx_or_none" not in GEN.arg_names(MOE):
+        pytest.skip(f"vLLM {VERSION}'s MoE GEMM takes no act-order arguments (vLLM refuses act-order MoE itself)")
+    E, H, inter, G, T = 4, 256, 128, 128, 3
+    qm, layer, _ = _layer("gptq", E, H, inter, G, torch.float16, bias=False, act_order=True, seed=11)
+    topk_weights, topk_ids = _route(T, E, 2)
+    rec.calls.clear()
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
+        _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids)
+    assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("case", ["w4a16 refuses", "device not served"])
+def test_moe_method_falls_back_to_vllms_kernel(rec, monkeypatch, method, case):
+    """A forward w4a16 does not take (its own argument check refuses it, or the device is not one it serves) runs
+    vLLM's kernel instead (CUDA only: NotImplementedError here), through the same method classes."""
+    import w4a16.moe
+
+    _env(monkeypatch)
+    E, H, inter, G, T = 4, 256, 128, 64, 3
+    qm, layer, _ = _layer(method, E, H, inter, G, torch.bfloat16, bias=False, seed=5)
+    if case == "w4a16 refuses":
+
+        def refuse(*a, **k):
+            raise ValueError("w4a16: b_scales must be [E, K/G, N]")
+
+        monkeypatch.setattr(w4a16.moe, "_grouped", refuse)
+    else:
+        monkeypatch.setattr(rec.adapter, "device_ok", lambda device: False)
+    topk_weights, topk_ids = _route(T, E, 2)
+    rec.calls.clear()
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
+        _apply(qm, layer, torch.randn(T, H).bfloat16(), topk_weights, topk_ids)
+    assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
+    assert rec.adapter.served.get(MOE) is None
