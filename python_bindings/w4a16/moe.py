@@ -20,10 +20,14 @@ from torch import Tensor
 from . import _checks_torch as ct
 from . import _moe_lib as raw
 from ._moe_lib import align_sizes  # noqa: F401 (re-exported)
-from .torch import _DT, _stream
+from .torch import _DT, _stream, _workspace
 
 _workspaces = {}
 _I32 = torch.int32
+_IN_CAPTURE = (
+    "w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or run the layer once) "
+    "before capturing a CUDA graph"
+)
 
 
 def _check(op, cond, msg):
@@ -37,19 +41,7 @@ def _ptr(t):
 
 def prepare(device=None):
     """Allocate (once) and return the zeroed MoE workspace of `device` (default: current CUDA device)."""
-    idx = torch.device(device if device is not None else "cuda").index
-    idx = torch.cuda.current_device() if idx is None else idx
-    ws = _workspaces.get(idx)
-    if ws is None:
-        if torch.cuda.is_current_stream_capturing():  # it would live in the graph's pool, zeroed by every replay
-            raise RuntimeError(
-                "w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
-                "run the layer once) before capturing a CUDA graph" % idx
-            )
-        with torch.cuda.device(idx):
-            ws = torch.zeros(raw.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
-        _workspaces[idx] = ws
-    return ws
+    return _workspace(_workspaces, raw.workspace_size, device, _IN_CAPTURE)
 
 
 def choose_block_size(num_tokens, top_k, num_experts):

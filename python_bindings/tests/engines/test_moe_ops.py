@@ -165,3 +165,10 @@ def test_vllm_ops_with_c(monkeypatch, name):
     torch.library.opcheck(getattr(torch.ops.w4a16, name).default, args, test_utils=("test_schema", "test_faketensor"))
     _, args = _vllm_op_args(name, None)
     assert (getattr(torch.ops.w4a16, name)(*args) == 5).all()
+
+
+def test_prepare_refuses_to_create_the_workspace_in_a_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(moe, "_workspaces", {})
+    with pytest.raises(RuntimeError, match=re.escape("MoE workspace of cuda:0 does not exist yet")):
+        moe.prepare("cuda:0")
