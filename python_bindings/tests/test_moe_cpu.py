@@ -78,3 +78,18 @@ def test_routing_and_converters_reject():
     with pytest.raises(w4a16.W4A16Error) as e:
         raw.awq_zero_points(256, 512, 0, 128, 64, 64)
     assert "num_experts=0" in str(e.value)
+
+
+def test_sizes_past_32_bits_are_refused_not_truncated():
+    # through the checked call path of w4a16._lib: a size past the C API's int would arrive as its low 32 bits
+    with pytest.raises(w4a16.W4A16Error) as e:
+        raw.align_sizes(2**32 + 1, 8, 128, 16)
+    assert e.value.name == "W4A16_ERR_SIZE_OVERFLOW" and "num_tokens=4294967297" in str(e.value)
+    with pytest.raises(w4a16.W4A16Error) as e:
+        raw.grouped_gemm(
+            "marlin", 256, 256, 256, 256, 0, 0, 256, 256, 256, 256, 128, 8, 16, 4, 2, 8, 2**32 + 64, 128, 32, 0
+        )
+    assert e.value.name == "W4A16_ERR_SIZE_OVERFLOW" and "N=4294967360" in str(e.value)
+    with pytest.raises(w4a16.W4A16Error) as e:
+        raw.permute_scales(256, 512, 2, 128, 64, 32, w4a16.FP16, stream=-1)
+    assert e.value.name == "W4A16_ERR_INVALID_VALUE" and "stream=-1" in str(e.value)

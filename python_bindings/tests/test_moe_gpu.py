@@ -217,16 +217,22 @@ def test_vllm_signatures(newest):
     op = getattr(moe, name)
     assert len(getattr(torch.ops.w4a16, name).default._schema.arguments) == args
 
-    def gemm(a, rows, k, mul, g_idx=None):
+    def gemm(a, rows, k, mul, g_idx=None, c=None):
         """One GEMM through the op's argument list: vLLM 0.15.1's adds g_idx, perm (after the zero points) and
         is_full_k (after size_k)."""
-        head = [a, None, mw, None, ms, None, None, mz] + ([] if newest else [g_idx, None])
+        head = [a, c, mw, None, ms, None, None, mz] + ([] if newest else [g_idx, None])
         mid = [ws, sorted_ids, expert_ids, npp, tw, bs, k, mul, 0, rows, N, K] + ([] if newest else [True])
         return op(*head, *mid, False, True, False, -1, -1, -1)
 
     out = gemm(x, T, top_k, False)
     ref = torch.stack([x[t].float() @ w[int(ids[t, k])] for t in range(T) for k in range(top_k)])
     assert rel(out, ref) < 5e-3
+    # with c_or_none (poisoned): every row written into c, and the result returned is a copy (a custom op's output
+    # may not alias its input), the same as without c (the GEMM is deterministic)
+    c = torch.full((T * top_k, N), float("nan"), dtype=dtype, device="cuda")
+    out_c = gemm(x, T, top_k, False, c=c)
+    assert out_c.data_ptr() != c.data_ptr()
+    assert torch.equal(c, out) and torch.equal(out_c, out)
     # second GEMM: one row per pair (A [T top_k, K]), top_k = 1, rows weighted by topk_weights
     a2 = (torch.rand((T * top_k, K), device="cuda", generator=g) * 2 - 1).to(dtype)
     out2 = gemm(a2, T * top_k, 1, True)

@@ -58,13 +58,21 @@ def rows_m(op, name, t):
     return t.shape[0]
 
 
-def group_from_rows(op, name, rows, K):
-    """Group size of a [K/G, N] scale tensor with `rows` rows: -1 for one row, else K / rows, which must be a
-    supported group size (a scale row too many or too few would otherwise give a wrong group size)."""
+def group_of_rows(rows, K):
+    """Group size of a [K/G, N] scale tensor with `rows` rows: -1 for one row, else K / rows when that is a
+    supported group size; None otherwise (a scale row too many or too few would otherwise give a wrong group size)."""
     if rows == 1:
         return -1
     if rows >= 1 and K % rows == 0 and K // rows in GROUP_SIZES:
         return K // rows
+    return None
+
+
+def group_from_rows(op, name, rows, K):
+    """group_of_rows, raising ValueError (naming the valid row counts) where it is None."""
+    G = group_of_rows(rows, K)
+    if G is not None:
+        return G
     valid = [f"{K // g} (G={g})" for g in GROUP_SIZES if K % g == 0] + ["1 (G=-1)"]
     _fail(op, f"{name} has {rows} rows for K={K}: expected K/G rows, one of {', '.join(valid)}")
 

@@ -6,54 +6,47 @@ import ctypes
 
 from . import _lib
 
-_c = ctypes
-_P, _I, _Z = _c.c_void_p, _c.c_int, _c.c_size_t
-_raw = _lib._lib
-for _name, _args in {
-    "w4a16_moe_align_sizes": [_I, _I, _I, _I, _c.POINTER(_I), _c.POINTER(_I)],
-    "w4a16_moe_align_block_size": [_P, _I, _I, _I, _I, _P, _I, _P, _I, _P, _P],
-    "w4a16_moe_marlin_gemm": [
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _P,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _P,
-        _Z,
-        _P,
-    ],
-    "w4a16_moe_awq_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _Z, _P],
-    "w4a16_moe_workspace_size": [_c.POINTER(_Z)],
-    "w4a16_moe_marlin_repack_awq": [_P, _P, _I, _I, _I, _P],
-    "w4a16_moe_marlin_repack_gptq": [_P, _P, _P, _I, _I, _I, _P],
-    "w4a16_moe_marlin_permute_scales": [_P, _P, _I, _I, _I, _I, _I, _P],
-    "w4a16_moe_marlin_awq_zero_points": [_P, _P, _I, _I, _I, _I, _P],
-}.items():
-    getattr(_raw, _name).argtypes = _args
-    getattr(_raw, _name).restype = _c.c_int
-
-
-def _call(name, *args):
-    _lib._check(getattr(_raw, name)(*args), name)
-
-
-def _p(x):
-    return x or None
+_P, _I, _Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+_GEMM = [_P] * 10 + [_I] * 10 + [_P, _Z, _P]
+_GEMM_NAMES = (
+    "sorted_ids expert_ids num_tokens_post_padded sorted_capacity blocks_capacity block_size M top_k num_experts N K "
+    "group_size dtype workspace workspace_bytes stream"
+)
+# Registered with _lib so that every entry point goes through its checked call path (w4a16._checks: an int past
+# 32 bits or a negative address raises W4A16Error instead of reaching the library truncated). Out-parameters are
+# passed as addresses (ints).
+_SIGS = {
+    "w4a16_moe_align_sizes": (
+        [_I, _I, _I, _I, _P, _P],
+        "num_tokens top_k num_experts block_size sorted_capacity blocks_capacity",
+    ),
+    "w4a16_moe_align_block_size": (
+        [_P, _I, _I, _I, _I, _P, _I, _P, _I, _P, _P],
+        "topk_ids num_tokens top_k num_experts block_size sorted_ids sorted_capacity expert_ids blocks_capacity "
+        "num_tokens_post_padded stream",
+    ),
+    "w4a16_moe_marlin_gemm": (_GEMM, "A weight scales zeros bias topk_weights C " + _GEMM_NAMES),
+    "w4a16_moe_awq_gemm": (_GEMM, "A qweight scales qzeros bias topk_weights C " + _GEMM_NAMES),
+    "w4a16_moe_workspace_size": ([_P], "bytes"),
+    "w4a16_moe_marlin_repack_awq": ([_P, _P, _I, _I, _I, _P], "awq_qweight marlin_weight num_experts K N stream"),
+    "w4a16_moe_marlin_repack_gptq": (
+        [_P, _P, _P, _I, _I, _I, _P],
+        "gptq_qweight perm marlin_weight num_experts K N stream",
+    ),
+    "w4a16_moe_marlin_permute_scales": (
+        [_P, _P, _I, _I, _I, _I, _I, _P],
+        "scales marlin_scales num_experts K N group_size dtype stream",
+    ),
+    "w4a16_moe_marlin_awq_zero_points": (
+        [_P, _P, _I, _I, _I, _I, _P],
+        "awq_qzeros marlin_zeros num_experts K N group_size stream",
+    ),
+}
+for _name, (_args, _names) in _SIGS.items():
+    getattr(_lib._lib, _name).argtypes = _args
+    getattr(_lib._lib, _name).restype = ctypes.c_int
+    _lib._NAMES[_name] = _names
+_call = _lib._call
 
 
 def align_sizes(num_tokens, top_k, num_experts, block_size):
@@ -61,12 +54,12 @@ def align_sizes(num_tokens, top_k, num_experts, block_size):
     sc, bc = _I(), _I()
     _call(
         "w4a16_moe_align_sizes",
-        int(num_tokens),
-        int(top_k),
-        int(num_experts),
-        int(block_size),
-        _c.byref(sc),
-        _c.byref(bc),
+        num_tokens,
+        top_k,
+        num_experts,
+        block_size,
+        ctypes.addressof(sc),
+        ctypes.addressof(bc),
     )
     return sc.value, bc.value
 
@@ -86,24 +79,24 @@ def align_block_size(
 ):
     _call(
         "w4a16_moe_align_block_size",
-        _p(topk_ids),
+        topk_ids,
         num_tokens,
         top_k,
         num_experts,
         block_size,
-        _p(sorted_ids),
+        sorted_ids,
         sorted_capacity,
-        _p(expert_ids),
+        expert_ids,
         blocks_capacity,
-        _p(num_tokens_post_padded),
-        _p(stream),
+        num_tokens_post_padded,
+        stream,
     )
 
 
 def workspace_size():
     """Bytes of the MoE GEMMs' split-K workspace on the current device (w4a16_moe_workspace_size)."""
     n = _Z()
-    _call("w4a16_moe_workspace_size", _c.byref(n))
+    _call("w4a16_moe_workspace_size", ctypes.addressof(n))
     return n.value
 
 
@@ -138,16 +131,16 @@ def grouped_gemm(
     name = {"marlin": "w4a16_moe_marlin_gemm", "awq": "w4a16_moe_awq_gemm"}[layout]
     _call(
         name,
-        _p(A),
-        _p(weight),
-        _p(scales),
-        _p(zeros),
-        _p(bias),
-        _p(topk_weights),
-        _p(C),
-        _p(sorted_ids),
-        _p(expert_ids),
-        _p(num_tokens_post_padded),
+        A,
+        weight,
+        scales,
+        zeros,
+        bias,
+        topk_weights,
+        C,
+        sorted_ids,
+        expert_ids,
+        num_tokens_post_padded,
         sorted_capacity,
         blocks_capacity,
         block_size,
@@ -158,23 +151,23 @@ def grouped_gemm(
         K,
         group_size,
         dtype,
-        _p(workspace),
+        workspace,
         workspace_bytes,
-        _p(stream),
+        stream,
     )
 
 
 def repack_awq(qweight, out, num_experts, K, N, stream=0):
-    _call("w4a16_moe_marlin_repack_awq", _p(qweight), _p(out), num_experts, K, N, _p(stream))
+    _call("w4a16_moe_marlin_repack_awq", qweight, out, num_experts, K, N, stream)
 
 
 def repack_gptq(qweight, perm, out, num_experts, K, N, stream=0):
-    _call("w4a16_moe_marlin_repack_gptq", _p(qweight), _p(perm), _p(out), num_experts, K, N, _p(stream))
+    _call("w4a16_moe_marlin_repack_gptq", qweight, perm, out, num_experts, K, N, stream)
 
 
 def permute_scales(scales, out, num_experts, K, N, group_size, dtype, stream=0):
-    _call("w4a16_moe_marlin_permute_scales", _p(scales), _p(out), num_experts, K, N, group_size, dtype, _p(stream))
+    _call("w4a16_moe_marlin_permute_scales", scales, out, num_experts, K, N, group_size, dtype, stream)
 
 
 def awq_zero_points(qzeros, out, num_experts, K, N, group_size, stream=0):
-    _call("w4a16_moe_marlin_awq_zero_points", _p(qzeros), _p(out), num_experts, K, N, group_size, _p(stream))
+    _call("w4a16_moe_marlin_awq_zero_points", qzeros, out, num_experts, K, N, group_size, stream)

@@ -17,56 +17,31 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _checks_torch as ct
 from . import _moe_lib as raw
 from ._moe_lib import align_sizes  # noqa: F401 (re-exported)
+from .torch import _DT, _stream, _workspace
 
-_DT = {torch.float16: _lib.FP16, torch.bfloat16: _lib.BF16}
 _workspaces = {}
+_I32 = torch.int32
+_IN_CAPTURE = (
+    "w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or run the layer once) "
+    "before capturing a CUDA graph"
+)
 
 
-def _check(cond, msg):
+def _check(op, cond, msg):
     if not cond:
-        raise ValueError(f"w4a16: {msg}")
-
-
-def _cuda_contig(name, t, dtype=None):
-    _check(t.is_cuda, f"{name} must be a CUDA tensor (got {t.device})")
-    _check(t.is_contiguous(), f"{name} must be contiguous")
-    if dtype is not None:
-        _check(
-            t.dtype in dtype if isinstance(dtype, tuple) else t.dtype == dtype,
-            f"{name} has dtype {t.dtype}, expected {dtype}",
-        )
+        ct._fail(op, msg)
 
 
 def _ptr(t):
     return t.data_ptr() if t is not None else 0
 
 
-def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream
-
-
-def _group(size_k, scale_rows):
-    return -1 if scale_rows == 1 else size_k // scale_rows
-
-
 def prepare(device=None):
     """Allocate (once) and return the zeroed MoE workspace of `device` (default: current CUDA device)."""
-    idx = torch.device(device if device is not None else "cuda").index
-    idx = torch.cuda.current_device() if idx is None else idx
-    ws = _workspaces.get(idx)
-    if ws is None:
-        if torch.cuda.is_current_stream_capturing():  # it would live in the graph's pool, zeroed by every replay
-            raise RuntimeError(
-                "w4a16: the MoE workspace of cuda:%d does not exist yet; call w4a16.moe.prepare() (or "
-                "run the layer once) before capturing a CUDA graph" % idx
-            )
-        with torch.cuda.device(idx):
-            ws = torch.zeros(raw.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
-        _workspaces[idx] = ws
-    return ws
+    return _workspace(_workspaces, raw.workspace_size, device, _IN_CAPTURE)
 
 
 def choose_block_size(num_tokens, top_k, num_experts):
@@ -89,14 +64,16 @@ def moe_align_block_size(
 ) -> None:
     """vLLM's moe_align_block_size: topk_ids [T, top_k] int32 -> the pair indices grouped by expert, each run padded to
     a multiple of block_size with T * top_k; the expert of each block (-1 past the runs); the padded count."""
-    _cuda_contig("topk_ids", topk_ids, torch.int32)
-    for n, t in (
-        ("sorted_token_ids", sorted_token_ids),
-        ("experts_ids", experts_ids),
-        ("num_tokens_post_pad", num_tokens_post_pad),
-    ):
-        _cuda_contig(n, t, torch.int32)
-    _check(topk_ids.dim() == 2, "topk_ids must be [num_tokens, top_k]")
+    op = "moe_align_block_size"
+    ct.tensor(op, "topk_ids", topk_ids, _I32, 2, "[num_tokens, top_k]")
+    bufs = {
+        "sorted_token_ids": sorted_token_ids,
+        "experts_ids": experts_ids,
+        "num_tokens_post_pad": num_tokens_post_pad,
+    }
+    for n, t in bufs.items():
+        ct.tensor(op, n, t, _I32, t.dim() if isinstance(t, Tensor) else 1, "(int32)")
+    ct.devices(op, {"topk_ids": topk_ids, **bufs}, dict.fromkeys(("topk_ids", *bufs), 4))
     T, k = topk_ids.shape
     with torch.cuda.device(topk_ids.device):
         raw.align_block_size(
@@ -150,36 +127,43 @@ def _grouped(
     size_n,
     size_k,
 ):
-    _cuda_contig("a", a, (torch.float16, torch.bfloat16))
-    _cuda_contig("b_q_weight", w, torch.int32)
-    _cuda_contig("b_scales", scales, a.dtype)
-    for n, t in (("sorted_token_ids", sorted_ids), ("expert_ids", expert_ids), ("num_tokens_past_padded", npp)):
-        _cuda_contig(n, t, torch.int32)
-    _check(tuple(a.shape) == (size_m, size_k), f"a has shape {tuple(a.shape)}, expected (size_m, size_k)")
+    op = f"moe_{layout}_gemm"
+    ct.tensor(op, "a", a, ct.FLOATS, 2, "[size_m, size_k]")
+    ct.shape(op, "a", a, (size_m, size_k), "[size_m, size_k]")
+    wname = "b_q_weight" if layout == "marlin" else "qweight"
+    ct.tensor(op, wname, w, _I32, 3, "[E, ...]")
     E = w.shape[0]
     if layout == "marlin":
-        _check(tuple(w.shape) == (E, size_k // 16, 2 * size_n), "b_q_weight must be [E, size_k/16, 2 size_n]")
+        ct.shape(op, wname, w, (E, size_k // 16, 2 * size_n), "[E, size_k/16, 2 size_n]")
     else:
-        _check(tuple(w.shape) == (E, size_k, size_n // 8), "qweight must be [E, size_k, size_n/8]")
-    _check(scales.dim() == 3 and scales.shape[0] == E and scales.shape[2] == size_n, "b_scales must be [E, K/G, N]")
+        ct.shape(op, wname, w, (E, size_k, size_n // 8), "[E, size_k, size_n/8]")
+    ct.tensor(op, "b_scales", scales, a.dtype, 3, "[E, K/G, N]")
     groups = scales.shape[1]
+    G = ct.group_from_rows(op, "b_scales", groups, size_k)
+    ct.shape(op, "b_scales", scales, (E, groups, size_n), "[E, K/G, N]")
+    routing = {"sorted_token_ids": sorted_ids, "expert_ids": expert_ids, "num_tokens_past_padded": npp}
+    for n, t in routing.items():
+        ct.tensor(op, n, t, _I32, t.dim() if isinstance(t, Tensor) else 1, "(int32)")
     if zeros is not None:
-        _cuda_contig("b_zeros", zeros, torch.int32)
-        _check(tuple(zeros.shape) == (E, groups, size_n // 8), "b_zeros must be [E, K/G, N/8]")
+        ct.tensor(op, "b_zeros", zeros, _I32, 3, "[E, K/G, N/8]")
+        ct.shape(op, "b_zeros", zeros, (E, groups, size_n // 8), "[E, K/G, N/8]")
     if bias is not None:
-        _cuda_contig("b_bias", bias, a.dtype)
-        _check(tuple(bias.shape) == (E, size_n), "b_bias must be [E, size_n]")
+        ct.tensor(op, "b_bias", bias, a.dtype, 2, "[E, size_n]")
+        ct.shape(op, "b_bias", bias, (E, size_n), "[E, size_n]")
     tw = None
     if mul_topk_weights:
-        _check(topk_weights is not None, "mul_topk_weights needs topk_weights")
-        _cuda_contig("topk_weights", topk_weights, torch.float32)
-        _check(topk_weights.numel() == size_m * top_k, "topk_weights must have size_m * top_k entries")
+        _check(op, topk_weights is not None, "mul_topk_weights needs topk_weights")
+        ct.tensor(op, "topk_weights", topk_weights, torch.float32, topk_weights.dim(), "[size_m, top_k]")
+        _check(op, topk_weights.numel() == size_m * top_k, "topk_weights must have size_m * top_k entries")
         tw = topk_weights
+    if c is not None:
+        ct.tensor(op, "c", c, a.dtype, 2, "[size_m * top_k, size_n]")
+        ct.shape(op, "c", c, (size_m * top_k, size_n), "[size_m * top_k, size_n]")
+    small = dict.fromkeys(("b_bias", "topk_weights", *routing), 4)
+    named = {"a": a, wname: w, "b_scales": scales, "b_zeros": zeros, "b_bias": bias, "topk_weights": tw, "c": c}
+    ct.devices(op, {**named, **routing}, small)
     if c is None:  # rows of pairs routed nowhere (expert ids outside [0, E)) stay zero
         c = torch.zeros((size_m * top_k, size_n), dtype=a.dtype, device=a.device)
-    else:
-        _cuda_contig("c", c, a.dtype)
-        _check(tuple(c.shape) == (size_m * top_k, size_n), "c must be [size_m * top_k, size_n]")
     with torch.cuda.device(a.device):
         ws = prepare(a.device)
         raw.grouped_gemm(
@@ -202,7 +186,7 @@ def _grouped(
             E,
             size_n,
             size_k,
-            _group(size_k, groups),
+            G,
             _DT[a.dtype],
             ws.data_ptr(),
             ws.numel(),
@@ -249,7 +233,15 @@ def _vllm_grouped(args: dict) -> Tensor:
     return _grouped("marlin", *(args[n] for n in _VLLM_GROUPED_ARGS))
 
 
-@torch.library.custom_op("w4a16::moe_wna16_marlin_gemm", mutates_args=())
+def _vllm_grouped_op(args: dict) -> Tensor:
+    """_vllm_grouped for the torch custom ops: vLLM's op writes into c_or_none and returns it, but a custom op's
+    output may not alias an input, so c_or_none is declared mutated (torch.compile sees the write) and the result is
+    returned as a copy of it (pass c_or_none=None to avoid the copy: the op then allocates its output)."""
+    c = _vllm_grouped(args)
+    return c.clone() if c is args["c_or_none"] else c
+
+
+@torch.library.custom_op("w4a16::moe_wna16_marlin_gemm", mutates_args=("c_or_none",))
 def moe_wna16_marlin_gemm(
     a: Tensor,
     c_or_none: Optional[Tensor],
@@ -282,7 +274,7 @@ def moe_wna16_marlin_gemm(
     (given: uint4 with zero points, AWQ; None: uint4b8, GPTQ); workspace, use_atomic_add, use_fp32_reduce (w4a16
     always accumulates in fp32) and the thread / blocks hints are accepted and not needed."""
     _unsupported(a_scales, global_scale, is_zp_float=is_zp_float)
-    return _vllm_grouped(locals())
+    return _vllm_grouped_op(locals())
 
 
 @moe_wna16_marlin_gemm.register_fake
@@ -317,7 +309,7 @@ def _(
     return a.new_empty((size_m * top_k, size_n))
 
 
-@torch.library.custom_op("w4a16::moe_wna16_marlin_gemm_v0_15", mutates_args=())
+@torch.library.custom_op("w4a16::moe_wna16_marlin_gemm_v0_15", mutates_args=("c_or_none",))
 def moe_wna16_marlin_gemm_v0_15(
     a: Tensor,
     c_or_none: Optional[Tensor],
@@ -351,7 +343,7 @@ def moe_wna16_marlin_gemm_v0_15(
 ) -> Tensor:
     """vLLM 0.15.1's argument list (29: the newest one plus g_idx, perm and is_full_k; act-order is refused)."""
     _unsupported(a_scales, global_scale, g_idx_or_none, perm_or_none, is_zp_float, is_full_k)
-    return _vllm_grouped(locals())
+    return _vllm_grouped_op(locals())
 
 
 @moe_wna16_marlin_gemm_v0_15.register_fake
@@ -453,14 +445,16 @@ def _(
 @torch.library.custom_op("w4a16::gptq_marlin_moe_repack", mutates_args=())
 def gptq_marlin_moe_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
     """vLLM's gptq_marlin_moe_repack: [E, K/8, N] (+ perm [E, K], empty for none) -> [E, K/16, 2N]."""
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("b_q_weight", b_q_weight, torch.int32)
+    op = "gptq_marlin_moe_repack"
+    ct.num_bits(op, num_bits)
+    ct.tensor(op, "b_q_weight", b_q_weight, _I32, 3, "[E, size_k/8, size_n]")
     E = b_q_weight.shape[0]
-    _check(tuple(b_q_weight.shape) == (E, size_k // 8, size_n), "b_q_weight must be [E, size_k/8, size_n]")
+    ct.shape(op, "b_q_weight", b_q_weight, (E, size_k // 8, size_n), "[E, size_k/8, size_n]")
     has_perm = perm is not None and perm.numel() > 0
     if has_perm:
-        _cuda_contig("perm", perm, torch.int32)
-        _check(perm.numel() == E * size_k, "perm must be [E, size_k]")
+        ct.tensor(op, "perm", perm, _I32, perm.dim(), "[E, size_k]")
+        _check(op, perm.numel() == E * size_k, f"perm has shape {tuple(perm.shape)}, expected [E, size_k]")
+    ct.devices(op, {"b_q_weight": b_q_weight, "perm": perm if has_perm else None}, {"perm": 4})
     out = torch.empty((E, size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(b_q_weight.device):
         raw.repack_gptq(
@@ -483,10 +477,12 @@ def _(b_q_weight, perm, size_k, size_n, num_bits):
 @torch.library.custom_op("w4a16::awq_marlin_moe_repack", mutates_args=())
 def awq_marlin_moe_repack(b_q_weight: Tensor, perm: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
     """vLLM's awq_marlin_moe_repack: [E, K, N/8] -> [E, K/16, 2N] (perm is unused by AWQ, as in vLLM)."""
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("b_q_weight", b_q_weight, torch.int32)
+    op = "awq_marlin_moe_repack"
+    ct.num_bits(op, num_bits)
+    ct.tensor(op, "b_q_weight", b_q_weight, _I32, 3, "[E, size_k, size_n/8]")
     E = b_q_weight.shape[0]
-    _check(tuple(b_q_weight.shape) == (E, size_k, size_n // 8), "b_q_weight must be [E, size_k, size_n/8]")
+    ct.shape(op, "b_q_weight", b_q_weight, (E, size_k, size_n // 8), "[E, size_k, size_n/8]")
+    ct.devices(op, {"b_q_weight": b_q_weight})
     out = torch.empty((E, size_k // 16, size_n * 2), dtype=torch.int32, device=b_q_weight.device)
     with torch.cuda.device(b_q_weight.device):
         raw.repack_awq(b_q_weight.data_ptr(), out.data_ptr(), E, size_k, size_n, _stream(b_q_weight))
@@ -501,8 +497,13 @@ def _(b_q_weight, perm, size_k, size_n, num_bits):
 @torch.library.custom_op("w4a16::marlin_moe_permute_scales", mutates_args=())
 def marlin_moe_permute_scales(s: Tensor, size_k: int, size_n: int, group_size: int) -> Tensor:
     """Scales [E, K/G, N] -> Marlin order per expert."""
-    _cuda_contig("s", s, (torch.float16, torch.bfloat16))
-    _check(s.dim() == 3 and s.shape[2] == size_n, "s must be [E, K/G, size_n]")
+    op = "marlin_moe_permute_scales"
+    ct.size(op, "size_k", size_k, 16)
+    ct.size(op, "size_n", size_n, 64)
+    G = ct.group_size(op, "group_size", group_size, size_k)
+    ct.tensor(op, "s", s, ct.FLOATS, 3, "[E, size_k/group_size, size_n]")
+    ct.shape(op, "s", s, (s.shape[0], size_k // G, size_n), "[E, size_k/group_size, size_n]")
+    ct.devices(op, {"s": s})
     out = torch.empty_like(s)
     with torch.cuda.device(s.device):
         raw.permute_scales(
@@ -520,9 +521,14 @@ def _(s, size_k, size_n, group_size):
 def moe_awq_to_marlin_zero_points(q_zp_packed: Tensor, size_k: int, size_n: int, num_bits: int) -> Tensor:
     """AWQ qzeros [E, K/G, N/8] -> Marlin zero points per expert (vLLM's moe_awq_to_marlin_zero_points; size_k is
     the number of groups, as there)."""
-    _check(num_bits == 4, "only 4-bit weights")
-    _cuda_contig("q_zp_packed", q_zp_packed, torch.int32)
-    _check(q_zp_packed.dim() == 3 and q_zp_packed.shape[1] == size_k, "q_zp_packed must be [E, groups, size_n/8]")
+    op = "moe_awq_to_marlin_zero_points"
+    ct.num_bits(op, num_bits)
+    ct.size(op, "size_k (the number of groups)", size_k, 1)
+    ct.size(op, "size_n", size_n, 64)
+    ct.tensor(op, "q_zp_packed", q_zp_packed, _I32, 3, "[E, size_k, size_n/8]")
+    E = q_zp_packed.shape[0]
+    ct.shape(op, "q_zp_packed", q_zp_packed, (E, size_k, size_n // 8), "[E, size_k, size_n/8]")
+    ct.devices(op, {"q_zp_packed": q_zp_packed})
     out = torch.empty_like(q_zp_packed)
     # rows are what matters here: size_k groups of 32 rows (one group: G = -1)
     with torch.cuda.device(q_zp_packed.device):
@@ -565,8 +571,9 @@ def fused_moe(
     [T, top_k]. layout "marlin": w13 [E, H/16, 4I], w2 [E, I/16, 2H] (scales Marlin-permuted; zero points for AWQ,
     None for GPTQ); layout "awq": AutoAWQ tensors as stored, w13 [E, H, 2I/8], w2 [E, I, H/8], zero points required.
     Returns [T, H]."""
-    _check(layout in ("marlin", "awq"), f"layout must be 'marlin' or 'awq', not {layout!r}")
-    _check(x.dim() == 2 and topk_ids.dim() == 2 and topk_ids.shape[0] == x.shape[0], "x [T, H], topk_ids [T, top_k]")
+    _check("fused_moe", layout in ("marlin", "awq"), f"layout must be 'marlin' or 'awq', not {layout!r}")
+    ok = x.dim() == 2 and topk_ids.dim() == 2 and topk_ids.shape[0] == x.shape[0]
+    _check("fused_moe", ok, "x [T, H], topk_ids [T, top_k]")
     T, H = x.shape
     top_k, E = topk_ids.shape[1], w13.shape[0]
     n13 = w13.shape[2] // 2 if layout == "marlin" else w13.shape[2] * 8
@@ -575,14 +582,12 @@ def fused_moe(
     tw = topk_weights.to(torch.float32).contiguous()
     bs = block_size or choose_block_size(T, top_k, E)
     sorted_ids, expert_ids, npp = align(ids, E, bs)
-    if layout == "marlin":
-        g = lambda a, w, s, z, b, M, k, n, K, weights: _grouped(  # noqa: E731
-            "marlin", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K
+
+    def g(a, w, s, z, b, M, k, n, K, weights):
+        return _grouped(
+            layout, a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K
         )
-    else:
-        g = lambda a, w, s, z, b, M, k, n, K, weights: _grouped(  # noqa: E731
-            "awq", a, None, w, b, s, z, sorted_ids, expert_ids, npp, weights, weights is not None, bs, k, M, n, K
-        )
+
     h = g(x.contiguous(), w13, w13_scales, w13_zeros, w13_bias, T, top_k, n13, H, None)  # [T top_k, 2I]
     act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
     y = g(act.contiguous(), w2, w2_scales, w2_zeros, w2_bias, T * top_k, 1, H, inter, tw)  # [T top_k, H]

@@ -39,13 +39,22 @@ def _dev_index(t):
 
 def prepare(device=None):
     """Allocate (once) and return the zeroed workspace of `device` (default: current CUDA device)."""
+    return _workspace(_workspaces, _lib.workspace_size, device)
+
+
+def _workspace(pool, nbytes, device, refuse_in_capture=None):
+    """pool[device index], created zeroed with nbytes() bytes on first use. refuse_in_capture: the message of the
+    RuntimeError raised if that first use is inside a CUDA-graph capture (the workspace would live in the graph's
+    pool, zeroed by every replay); None allows it."""
     idx = torch.device(device if device is not None else "cuda").index
     idx = torch.cuda.current_device() if idx is None else idx
-    ws = _workspaces.get(idx)
+    ws = pool.get(idx)
     if ws is None:
+        if refuse_in_capture and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(refuse_in_capture % idx)
         with torch.cuda.device(idx):
-            ws = torch.zeros(_lib.workspace_size(), dtype=torch.uint8, device=f"cuda:{idx}")
-        _workspaces[idx] = ws
+            ws = torch.zeros(nbytes(), dtype=torch.uint8, device=f"cuda:{idx}")
+        pool[idx] = ws
     return ws
 
 

@@ -597,6 +597,23 @@ def test_repack_accepts_vllms_keyword_call(rec):
     assert np.array_equal(out.numpy(), formats.marlin_repack_awq(q.numpy()))
 
 
+def test_first_gemm_during_graph_capture_goes_to_vllm(rec, monkeypatch):
+    """The first dense GEMM on a device creates w4a16's workspace: inside a CUDA-graph capture it would live in the
+    graph's pool, so that call goes to vLLM's kernel (decided on the host; a stand-in CUDA activation here)."""
+    import types
+
+    import w4a16.torch as wt
+
+    a = types.SimpleNamespace(dtype=torch.float16, is_cuda=True, device=torch.device("cuda", 0))
+    s, z = torch.ones(2, 256).half(), torch.zeros(2, 32, dtype=torch.int32)
+    args = (a, s, z, None, None, rec.adapter.uint4, 4, 256, 256, False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(wt, "_workspaces", {})
+    assert "CUDA-graph capture" in rec.adapter._marlin_gemm_reason(*args)
+    monkeypatch.setattr(wt, "_workspaces", {0: None})  # created before the capture
+    assert rec.adapter._marlin_gemm_reason(*args) is None
+
+
 def test_uninstall_restores_vllms_kernels(rec):
     assert rec.adapter.overrides._lib is not None
     adapter_mod.uninstall()

@@ -437,6 +437,29 @@ def test_w4a16_refusal_goes_to_vllms_kernel(rec, monkeypatch):
     assert rec.adapter.fell_back == {MOE: 1} and rec.adapter.served.get(MOE) is None
 
 
+def test_w4a16_device_failure_is_raised_not_hidden(rec, monkeypatch):
+    """A launch or CUDA failure is not a refusal: vLLM's kernel would run on a broken context and hide it."""
+    import w4a16
+    import w4a16.moe
+
+    def fail(status):
+        def grouped(*a, **k):
+            raise w4a16.W4A16Error(status, "simulated", "w4a16_moe_marlin_gemm")
+
+        return grouped
+
+    for status in (24, 25, 40):  # W4A16_ERR_CUDA, _LAUNCH_FAILED, _INTERNAL
+        monkeypatch.setattr(w4a16.moe, "_grouped", fail(status))
+        with pytest.raises(w4a16.W4A16Error) as e:
+            _moe_op()(*_moe_args())
+        assert e.value.status == status
+    assert rec.adapter.fell_back == {}
+    monkeypatch.setattr(w4a16.moe, "_grouped", fail(3))  # W4A16_ERR_INVALID_SHAPE: a refusal
+    with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
+        _moe_op()(*_moe_args())
+    assert rec.adapter.fell_back == {MOE: 1}
+
+
 def test_uninstall_restores_vllms_moe_kernel(rec):
     adapter_mod.uninstall()
     with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):

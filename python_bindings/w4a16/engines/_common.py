@@ -125,12 +125,3 @@ def marlin_bias_unpermute(b):
     the permutation is its own inverse. Views and one copy: no index tensor, nothing that a CUDA-graph capture or
     torch.compile cannot take."""
     return b.reshape(-1, 4, 4, 2).transpose(1, 2).reshape(b.shape).contiguous()
-
-
-def group_size_of(size_k, scale_rows):
-    """w4a16's group size from the scales' row count, or None when the rows do not split K evenly."""
-    if scale_rows == 1:
-        return -1
-    if scale_rows <= 0 or size_k % scale_rows:
-        return None
-    return size_k // scale_rows

@@ -114,6 +114,7 @@ def make_hooks(uint4_id, uint4b8_id):
     import torch
 
     from .. import torch as wt
+    from .._checks_torch import group_of_rows
 
     def pass_through(reason, original, *args, **kwargs):
         if not torch.compiler.is_compiling():
@@ -270,7 +271,7 @@ def make_hooks(uint4_id, uint4b8_id):
         if size_n % 64 or size_k % 128 or b_scales.dim() != 2 or b_scales.shape[1] != size_n:
             return f"shape N={size_n} K={size_k}"
         rows = b_scales.shape[0]
-        if rows < 1 or size_k % rows or (rows > 1 and size_k // rows not in (32, 64, 128)):
+        if group_of_rows(rows, size_k) is None:
             return f"group size {size_k // max(rows, 1)}"
         if _empty(g_idx) != _empty(perm):
             return "g_idx without perm"

@@ -42,6 +42,7 @@ import re
 
 import torch
 
+from .._checks_torch import group_of_rows
 from . import _common
 
 # A child of vLLM's logger, so the lines show in vLLM's own log output (vLLM's handler sits on "vllm").
@@ -258,6 +259,22 @@ def _wt():
     return wt
 
 
+# W4A16Error statuses that mean "w4a16 does not take this call" (arguments, shapes, an unsupported GPU, driver or
+# profile, not implemented): the library launched and wrote nothing. The rest (W4A16_ERR_CUDA, _LAUNCH_FAILED,
+# _INTERNAL) are raised.
+_REFUSALS = frozenset(range(1, 20)) | {20, 21, 22, 23, 26}
+
+
+def _capture_reason(a, workspaces, what):
+    """Why not during a CUDA-graph capture: the first call on a device creates w4a16's workspace, which inside a
+    capture would live in the graph's memory pool (None when not capturing or the workspace exists)."""
+    if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        if idx not in workspaces:
+            return f"first call during CUDA-graph capture (w4a16's {what}workspace does not exist yet)"
+    return None
+
+
 def _moe():
     from .. import moe  # looked up per call, so that tests can stand in for w4a16's grouped GEMM
 
@@ -290,12 +307,18 @@ class VllmAdapter:
         return (self.moe_overrides if moe else self.overrides).call_original(op, keyset, *args)
 
     def _serve(self, op, fn, keyset, args):
-        """Run w4a16's op; if w4a16 refuses the call (it then launched and wrote nothing), vLLM's kernel runs it."""
+        """Run w4a16's op; if w4a16 refuses the call (it then launched and wrote nothing), vLLM's kernel runs it.
+        Only refusals fall back: a CUDA or launch failure (a device fault, a sticky error) or an internal error is
+        raised, since vLLM's kernel would run on a broken context and hide it."""
         import w4a16
 
         try:
             out = fn()
-        except (ValueError, w4a16.W4A16Error) as e:
+        except ValueError as e:
+            return self._fallback(op, f"w4a16 refused it ({e})", keyset, *args)
+        except w4a16.W4A16Error as e:
+            if e.status not in _REFUSALS:
+                raise
             return self._fallback(op, f"w4a16 refused it ({e})", keyset, *args)
         self.served[op] = self.served.get(op, 0) + 1
         return out
@@ -323,11 +346,11 @@ class VllmAdapter:
             return f"weight type id {b_type_id} (not 4-bit uint4 / uint4b8)"
         if size_m < 1 or size_n % 64 or size_k % 128:
             return f"shape M={size_m} N={size_n} K={size_k} (w4a16 Marlin: N % 64, K % 128)"
-        if _common.group_size_of(size_k, b_scales.shape[0]) not in (32, 64, 128, -1):
+        if group_of_rows(b_scales.shape[0], size_k) is None:
             return f"{b_scales.shape[0]} scale rows for K={size_k}"
         if not self.device_ok(a.device):
             return f"device {a.device} not served by w4a16"
-        return None
+        return _capture_reason(a, _wt()._workspaces, "")
 
     def _act_order_reason(self, g_idx, perm, is_k_full, size_k, scale_rows):
         if not is_k_full:
@@ -335,7 +358,7 @@ class VllmAdapter:
         entry = None if perm is None else self.act_order.get((perm.data_ptr(), perm.numel()))
         if entry is None or entry[1].data_ptr() != g_idx.data_ptr():
             return "act-order layer whose groups were not checked whole at load time"
-        if entry[2] != _common.group_size_of(size_k, scale_rows):
+        if entry[2] != group_of_rows(scale_rows, size_k):
             return "act-order group size differs from the scales'"
         return None
 
@@ -431,15 +454,11 @@ class VllmAdapter:
             return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
         if p["size_m"] < 1 or p["top_k"] < 1 or size_n % 64 or size_k % 64:
             return f"shape M={p['size_m']} N={size_n} K={size_k} (w4a16 MoE: N % 64, K % 64)"
-        if b_scales.dim() != 3 or _common.group_size_of(size_k, b_scales.shape[1]) not in (32, 64, 128, -1):
+        if b_scales.dim() != 3 or group_of_rows(b_scales.shape[1], size_k) is None:
             return f"scales {tuple(b_scales.shape)} for K={size_k}"
         if not self.device_ok(a.device):
             return f"device {a.device} not served by w4a16"
-        if a.is_cuda and torch.cuda.is_current_stream_capturing():
-            idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
-            if idx not in _moe()._workspaces:
-                return "first call during CUDA-graph capture (w4a16's MoE workspace does not exist yet)"
-        return None
+        return _capture_reason(a, _moe()._workspaces, "MoE ")
 
     def _moe_kernel(self):
         names = self.generation.arg_names(Generation.MOE)
@@ -538,7 +557,7 @@ class VllmAdapter:
             return f"{x_dtype} with scales {scales.dtype}"
         if N % 64 or K % 32:
             return f"shape K={K} N={N} (w4a16 AWQ: N % 64, K % 32)"
-        if _common.group_size_of(K, scales.shape[0]) not in (32, 64, 128, -1):
+        if group_of_rows(scales.shape[0], K) is None:
             return f"{scales.shape[0]} scale rows for K={K}"
         if not self.device_ok(device):
             return f"device {device} not served by w4a16"
