@@ -168,8 +168,10 @@ class MoeRecorder(Recorder):
         return c
 
 
-@pytest.fixture
-def rec(monkeypatch):
+def recording_adapter(monkeypatch):
+    """The adapter installed for CPU tensors, w4a16's repacks and grouped GEMM recorded (a generator for fixtures:
+    test_vllm_moe_methods.py defines its own fixture on it, since pytest registers an imported fixture under its
+    alias)."""
     import w4a16.moe
     import w4a16.torch as wt
 
@@ -183,6 +185,11 @@ def rec(monkeypatch):
     r.adapter = a
     yield r
     adapter_mod.uninstall()
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    yield from recording_adapter(monkeypatch)
 
 
 def align_cpu(

@@ -26,9 +26,8 @@ import torch
 vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
 
 from test_vllm import _same  # noqa: E402
-from test_vllm_moe import GEN, MOE, SERVED, MoeRecorder, _experts, _want, align_cpu  # noqa: E402
+from test_vllm_moe import GEN, MOE, SERVED, _experts, _want, align_cpu, recording_adapter  # noqa: E402
 from w4a16 import formats  # noqa: E402
-from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
 VERSION = importlib.metadata.version("vllm")
 DTYPES = (torch.float16, torch.bfloat16)
@@ -39,19 +38,7 @@ pytestmark = pytest.mark.skipif(not SERVED, reason=f"w4a16 does not serve vLLM {
 @pytest.fixture
 def rec(monkeypatch):
     """As in test_vllm_moe.py: the adapter installed for CPU tensors, w4a16's repacks and grouped GEMM recorded."""
-    import w4a16.moe
-    import w4a16.torch as wt
-
-    r = MoeRecorder()
-    for name in ("awq_marlin_repack", "gptq_marlin_repack", "marlin_gemm"):
-        monkeypatch.setattr(wt, name, getattr(r, name))
-    monkeypatch.setattr(w4a16.moe, "_grouped", r.grouped)
-    adapter_mod.uninstall()
-    a = adapter_mod.install(VERSION, dispatch_key="CPU", device_ok=lambda device: True)
-    assert a is not None and a.serves_moe
-    r.adapter = a
-    yield r
-    adapter_mod.uninstall()
+    yield from recording_adapter(monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------- vLLM's classes
