@@ -136,5 +136,11 @@ W4A16_HIDDEN w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_
 /* a x b elements within the supported 2^40. */
 W4A16_HIDDEN w4a16_status w4a16_check_size(const char *what, long long a, long long b);
 W4A16_HIDDEN w4a16_status w4a16_check_group(int K, int group_size, int *resolved);
+/* Shapes of the converters: N % 64, K % k_multiple, in != out. */
+W4A16_HIDDEN w4a16_status w4a16_check_convert(const void *in, const void *out, int K, int N, int k_multiple);
+/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
+W4A16_HIDDEN int w4a16_group_shift(int G);
+/* W4A16_OK for cudaSuccess; else W4A16_ERR_LAUNCH_FAILED, recorded with `op` and the CUDA error of a launch. */
+W4A16_HIDDEN w4a16_status w4a16_launch_status(int err, const char *op);
 
 #endif
