@@ -123,9 +123,10 @@ void free_routes(ModelData *d) {
     d->x = d->h = d->a2 = d->y = nullptr;
 }
 
+// w4a16.moe.choose_block_size: the smallest of 16 / 32 / 64 the average expert's pairs fill to less than 90%
 int block_size_for(int T, int top_k, int E) {
     const double avg = (double)T * top_k / E;
-    return avg <= 16 ? 16 : avg <= 32 ? 32 : 64;
+    return avg < 0.9 * 16 ? 16 : avg < 0.9 * 32 ? 32 : 64;
 }
 
 ModelData *model_data(const Model *m, int T) {

@@ -91,23 +91,24 @@ static size_t moe_workspace_bytes(int sm_count) {
 
 w4a16_status w4a16_moe_workspace_size(size_t *bytes) { return w4a16_workspace_query(bytes, moe_workspace_bytes); }
 
-/* K splits of the 16-row tile: only when the tiles (routing blocks x 64-channel tiles, counted from the routing
+/* K splits of the 16 x 64 tile: only when the tiles (routing blocks x channel tiles, counted from the routing
  * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots
  * (at most W4A16_MOE_SPLIT_SLOTS_PER_SM per SM, what the workspace holds); then as many splits as fill the slots once
- * (two waves' worth was slower on every split row of the H100 benchmark), at most 16, each with at least 5 of the
- * tile's 128-k steps: a split costs a round trip through the workspace and the last block's additions, which 3 k-steps
- * per split did not repay (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
+ * (two waves' worth was slower on every split row of the H100 benchmark), at most 16, each with at least 640 k: a split
+ * costs a round trip through the workspace and the last block's additions, which 384 k per split did not repay
+ * (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
 static int moe_splits(int sm_count, int per_sm, long long tiles, int K) {
     if (per_sm > W4A16_MOE_SPLIT_SLOTS_PER_SM) per_sm = W4A16_MOE_SPLIT_SLOTS_PER_SM;
     if (tiles > (long long)sm_count * per_sm) return 1; /* also keeps tiles within int below */
-    return w4a16_choose_splits(per_sm, (int)tiles, (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK, sm_count, 5);
+    return w4a16_choose_splits(per_sm, (int)tiles, (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK, sm_count,
+                               (640 + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK);
 }
 
 /* The kernels prepared on each device (shared-memory and carveout attributes set, w4a16_moe_prepare): per device and
  * kernel (dtype, layout, tile, split), the shared memory and carveout it was prepared with and the resident blocks per
  * SM the device then allows. A call prepares its kernel only when that differs (first use, another pipeline depth or
  * carveout after a profile change), not on every call. */
-enum { MOE_MAX_DEVICES = 64, MOE_KERNELS = 2 * 2 * 3 * 2 };
+enum { MOE_MAX_DEVICES = 64, MOE_KERNELS = 2 * 2 * W4A16_MOE_TILES * 2 };
 typedef struct moe_prepared {
     int smem; /* 0: not prepared */
     int carveout;
@@ -119,14 +120,14 @@ static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Prepares the kernel of launch `a` (the K-splitting one where `split`) on `device`, the current device, once;
  * *occupancy: its resident blocks per SM. Returns the cudaError_t. */
 static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
-    const int tile = a->block_size <= 16 ? 0 : a->block_size <= 32 ? 1 : 2;
-    if (tile > 0) split = 0;
-    const int smem = w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages);
+    const int tile = a->tile;
+    if (tile != W4A16_MOE_TILE_16x64) split = 0;
+    const int smem = w4a16_moe_smem_bytes(tile, a->layout, a->stages);
     int err = cudaSuccess;
     *occupancy = 0;
     if (device < 0 || device >= MOE_MAX_DEVICES) return w4a16_moe_prepare(a, split, occupancy);
     pthread_mutex_lock(&moe_kernels_lock);
-    moe_prepared *k = &moe_kernels[device][((a->dtype * 2 + a->layout) * 3 + tile) * 2 + (split != 0)];
+    moe_prepared *k = &moe_kernels[device][((a->dtype * 2 + a->layout) * W4A16_MOE_TILES + tile) * 2 + (split != 0)];
     if (k->smem != smem || k->carveout != a->carveout) {
         int occ = 0;
         err = w4a16_moe_prepare(a, split, &occ);
@@ -146,10 +147,37 @@ static int moe_blocks_per_sm(const w4a16_device_state *st, int device, const w4a
                              int *occupancy) {
     int occ = 0;
     if (moe_prepare(device, a, split, &occ) != cudaSuccess) occ = 0;
-    const int by_smem =
-        st->smem_per_sm / (w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages) + st->smem_reserved);
+    const int by_smem = st->smem_per_sm / (w4a16_moe_smem_bytes(a->tile, a->layout, a->stages) + st->smem_reserved);
     *occupancy = occ;
     return occ < by_smem ? occ : by_smem;
+}
+
+/* The tile of a 16-row routing block (the routing blocks counted from the buffers' capacity, as for the K split), from
+ * one A/B run of the three tiles on the H100, native and sm120 profiles (docs/PERFORMANCE.md "MoE m4"):
+ * - 16 x 64 where its blocks fit in about one wave of the GPU's block slots (at most 1.1: decode sizes), or where the
+ *   16 x 128 tile's would fill less than 60% of its slots (Mixtral's long-K w2 at T = 4-16): the most blocks, the 4
+ *   warps splitting each stage's k, and K split across blocks where they fill at most half the slots;
+ * - else 16 x 256 where its blocks fill at least 60% of its slots and it is as resident as the 16 x 128 tile (each
+ *   warp dequantises its 64 channels over whole stages: 0.62-0.85x the 16 x 64 tile's time there; on the 100 KB
+ *   profiles it holds half the blocks per SM and measured slower than 16 x 128 on every row);
+ * - else 16 x 128 (0.77-0.95x the 16 x 64 tile's time where the 16 x 256 tile would leave SMs idle). */
+static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launch *a) {
+    const long long sms = st->sm_count, rb = a->grid_blocks;
+    int occ;
+    a->tile = W4A16_MOE_TILE_16x64;
+    const long long per_c = moe_blocks_per_sm(st, device, a, 0, &occ);
+    if (per_c < 1 || rb * ((a->N + 63) / 64) * 10 <= sms * per_c * 11) return;
+    a->tile = W4A16_MOE_TILE_16x128;
+    const long long per_a = moe_blocks_per_sm(st, device, a, 0, &occ);
+    if (per_a < 1 || rb * ((a->N + 127) / 128) * 10 < sms * per_a * 6) {
+        a->tile = W4A16_MOE_TILE_16x64;
+        return;
+    }
+    a->tile = W4A16_MOE_TILE_16x256;
+    const long long per_b = (size_t)w4a16_moe_smem_bytes(a->tile, a->layout, a->stages) <= st->smem_optin
+                                ? moe_blocks_per_sm(st, device, a, 0, &occ)
+                                : 0;
+    if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6) a->tile = W4A16_MOE_TILE_16x128;
 }
 
 /* The launch sizes of a MoE GEMM (no tensors): tile, stages, carveout, K splits. blocks_per_sm: the resident blocks
@@ -176,19 +204,21 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
      * 100 KB parts (sm_86/89/120/121 profiles) */
     a->stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
-    if ((size_t)w4a16_moe_smem_bytes(block_size, layout, a->stages) > st->smem_optin)
+    a->tile = block_size <= 16 ? W4A16_MOE_TILE_16x64 : block_size <= 32 ? W4A16_MOE_TILE_32 : W4A16_MOE_TILE_64;
+    if ((size_t)w4a16_moe_smem_bytes(a->tile, layout, a->stages) > st->smem_optin)
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
                           "%s: block_size=%d needs %d bytes of shared memory; device %d "
                           "allows %zu",
-                          op, block_size, w4a16_moe_smem_bytes(block_size, layout, a->stages), device, st->smem_optin);
-    /* AWQ's 16-row tile runs channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): its weight
-     * rows are 32-byte pieces, which a 128-byte fetch serves to four neighbouring tiles only while they run together.
-     * The Marlin layout's pieces are 512 bytes: there the channel-fast order measured 0.97-1.09x the routing-fast one
-     * (slower on 8 of the 9 w2 rows at T = 16-256, H100) */
+                          op, block_size, w4a16_moe_smem_bytes(a->tile, layout, a->stages), device, st->smem_optin);
+    if (block_size <= 16) moe_tile16(st, device, a);
+    /* AWQ's 16-row tiles run channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): their weight
+     * rows are 32- to 128-byte pieces, which a 128-byte fetch serves to the neighbouring tiles only while they run
+     * together. The Marlin layout's pieces are 512 bytes and more: there the channel-fast order measured 0.97-1.09x the
+     * routing-fast one (slower on 8 of the 9 w2 rows at T = 16-256, H100) */
     a->n_fast = layout == W4A16_LAYOUT_AWQ && block_size <= 16 && a->grid_blocks <= 65535;
     a->splits = 1;
     *blocks_per_sm = *occupancy = 0;
-    if (workspace_bytes > 0 && block_size <= 16) { /* only the 16-row tile splits K */
+    if (workspace_bytes > 0 && a->tile == W4A16_MOE_TILE_16x64) { /* only the 16 x 64 tile splits K */
         const long long tiles = (long long)a->grid_blocks * ((N + 63) / 64);
         *blocks_per_sm = moe_blocks_per_sm(st, device, a, 1, occupancy);
         a->splits = moe_splits(st->sm_count, *blocks_per_sm, tiles, K);
@@ -196,15 +226,14 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     return W4A16_OK;
 }
 
-/* "16-row tile (3 stages), 4 K splits, grid 9x12x4, 26496 bytes shared, 3 blocks/SM, carveout 43% (emulated SM)" */
+/* "16x64 tile (3 stages), 4 K splits, grid 9x12x4, 26496 bytes shared, 3 blocks/SM, carveout 43% (emulated SM)" */
 static void moe_plan_text(const w4a16_moe_launch *a, int blocks_per_sm, char *buf, size_t size) {
-    const int rows = a->block_size <= 16 ? 16 : a->block_size <= 32 ? 32 : 64;
-    const int bn = rows == 16 ? 64 : rows == 32 ? 128 : 256;
+    const int bn = w4a16_moe_tile_bn(a->tile);
     const int ntiles = (a->N + bn - 1) / bn;
-    int n = snprintf(buf, size, "%d-row tile (%d stages), %d K split%s, grid %dx%dx%d, %d bytes shared", rows,
-                     a->stages, a->splits, a->splits > 1 ? "s" : "", a->n_fast ? ntiles : a->grid_blocks,
-                     a->n_fast ? a->grid_blocks : ntiles, a->splits,
-                     w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages));
+    int n = snprintf(buf, size, "%dx%d tile (%d stages), %d K split%s, grid %dx%dx%d, %d bytes shared",
+                     w4a16_moe_tile_rows(a->tile), bn, a->stages, a->splits, a->splits > 1 ? "s" : "",
+                     a->n_fast ? ntiles : a->grid_blocks, a->n_fast ? a->grid_blocks : ntiles, a->splits,
+                     w4a16_moe_smem_bytes(a->tile, a->layout, a->stages));
     if (blocks_per_sm > 0 && n > 0 && (size_t)n < size)
         n += snprintf(buf + n, size - n, ", %d block%s/SM", blocks_per_sm, blocks_per_sm > 1 ? "s" : "");
     if (a->carveout >= 0 && n > 0 && (size_t)n < size)
@@ -334,17 +363,17 @@ w4a16_status w4a16_moe_gemm_plan(int marlin, int sorted_capacity, int block_size
                       "w4a16_moe_gemm_plan", &a, &blocks_per_sm, &occupancy)))
         return s;
     if (a.splits == 1) blocks_per_sm = moe_blocks_per_sm(st, device, &a, 0, &occupancy); /* the kernel that runs */
-    const int rows = block_size <= 16 ? 16 : block_size <= 32 ? 32 : 64;
+    const int rows = w4a16_moe_tile_rows(a.tile), bn = w4a16_moe_tile_bn(a.tile);
     memset(info, 0, sizeof *info);
     snprintf(info->kernel, sizeof info->kernel, "moe-%d", rows);
     info->config = rows;
     info->stages = a.stages;
     info->splits = a.splits;
     info->grid[a.n_fast] = a.grid_blocks; /* the launch's order: channel tiles in x where n_fast */
-    info->grid[!a.n_fast] = (N + 4 * rows - 1) / (4 * rows);
+    info->grid[!a.n_fast] = (N + bn - 1) / bn;
     info->grid[2] = a.splits;
     info->threads = W4A16_MOE_THREADS;
-    info->smem_bytes = w4a16_moe_smem_bytes(block_size, layout, a.stages);
+    info->smem_bytes = w4a16_moe_smem_bytes(a.tile, layout, a.stages);
     info->blocks_per_sm = blocks_per_sm;
     info->smem_blocks_per_sm = st->smem_per_sm / (info->smem_bytes + st->smem_reserved);
     info->occupancy = occupancy;

@@ -2,14 +2,15 @@
 // GEMM that multiplies each block of pairs by its expert's weights.
 //
 // Grouped GEMM: one block of 4 warps computes one routing block (block_size <= 64 pairs of one expert, BM = 16 MT rows)
-// x 64 output channels. A's rows are gathered through sorted_ids while they are copied into shared memory (rows of
-// padding entries are zero-filled and never stored). A stage holds BK = 64 k: the gathered A tile (16-byte chunks
-// XOR-swizzled by row for ldmatrix), the expert's packed weights, and the scale / zero-point rows of the (at most two)
-// groups the stage touches. Each warp takes one k16 step of every stage (mma.sync m16n8k16, B fragments dequantised
-// in registers with common.cuh's magic-number helpers); the four warps' fp32 sums are added in warp order through
-// shared memory at the end, so a row's result does not depend on which other rows share its block.
+// x BN output channels. A's rows are gathered through sorted_ids while they are copied into shared memory (rows of
+// padding entries are zero-filled and never stored). A stage holds BK k: the gathered A tile (16-byte chunks
+// XOR-swizzled by row for ldmatrix), the expert's packed weights, and the scale / zero-point rows of the groups the
+// stage touches (copied only into stages where a group starts). Each warp takes 64 channels x some k16 steps of every
+// stage (mma.sync m16n8k16, B fragments dequantised in registers with common.cuh's magic-number helpers); the fp32
+// sums of warps that split a stage's k are added in warp order through shared memory at the end, so a row's result
+// does not depend on which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1, 16-row tile only): where the routing blocks x channel tiles leave most of the
+// Split K across blocks (gridDim.z > 1, 16 x 64 tile only): where the routing blocks x channel tiles leave most of the
 // GPU's block slots empty (decode: T x top_k pairs in a few routing blocks), each tile's k-tiles are divided among
 // gridDim.z blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an
 // atomic counter per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits
@@ -87,9 +88,12 @@ __global__ void __launch_bounds__(1024)
 // ---------------------------------------------------------------- grouped GEMM
 // Tile of one block (4 warps): BM = 16 MT rows (the routing block), BN = 64 WN channels, BK = 16 WK KS k per stage;
 // warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage.
-// The configs per routing block size (moe_config below): 16 rows: 1 x 64 channels, the 4 warps splitting 128 k (more
-// bytes in flight per block where few blocks exist); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels, no
-// K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
+// The tiles (Cfg below, chosen per call by csrc/moe.c): 16 rows x 64 channels, the 4 warps splitting 128 k (the most
+// blocks and bytes in flight where few blocks exist; the only tile that also splits K across blocks); 16 x 128, 2
+// channel groups x 2-way K split of 64 k (a warp's group constants serve two stages at G = 128); 16 x 256, each warp
+// 64 channels over whole 64-k stages (the fewest instructions per weight, where blocks are plentiful); 32 rows: 128
+// channels, 2-way K split; 64 rows: 256 channels, no K split (each weight fragment feeds 4 m16 tiles, the A tile is
+// reused by 4 warps).
 __device__ __forceinline__ void add4(float4 &a, const float4 b) {
     a.x += b.x;
     a.y += b.y;
@@ -122,9 +126,9 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     }
 };
 
-// cp.async of a weight chunk with the L2 prefetch size 128B: an AWQ row of the 16-row tile is a 32-byte piece whose
-// neighbours belong to the next channel tiles, which run at the same time (channel-fast grid), so one 128-byte fetch
-// serves four blocks.
+// cp.async of a weight chunk with the L2 prefetch size 128B: an AWQ row of the 16-row tile is a BN / 2-byte piece
+// whose neighbours belong to the next channel tiles, which run at the same time (channel-fast grid), so one 128-byte
+// fetch serves 128 / (BN / 2) blocks.
 __device__ __forceinline__ void cp_async16_l2_128(void *smem, const void *gmem, bool pred) {
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     int n = pred ? 16 : 0;
@@ -209,8 +213,12 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
         z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
     }
-    auto issue_w = [&](int k0, unsigned char *st) { // weights, scales, zero points of the next k-tile (first k k0)
+    // weights of the next k-tile (first k k0); its scale and zero-point rows only where a group starts in it (or it
+    // is the block's first): the warps rebuild their group constants only there, from that stage's copy
+    const int k_first = kt0 * BK;
+    auto issue_w = [&](int k0, unsigned char *st) {
         const int g0 = k0 >> gshift;
+        const bool group_rows = k0 == k_first || g0 != (k0 - BK) >> gshift;
 #pragma unroll
         for (int i = 0; i < TL::B_PER; i++) {
             const bool ok = k0 < b_lim[i];
@@ -220,8 +228,8 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 cp_async16(st + b_dst[i], ok ? b_src[i] : B, ok);
             b_src[i] += b_step;
         }
-        if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
-        if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
+        if (s_base && group_rows) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
+        if (z_base && group_rows) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
     };
     // the first stages' weights need only the expert: they are on their way while the rows are gathered
     for (int s = 0; s < stages - 1 && s < nk; s++) issue_w((kt0 + s) * BK, smem + s * STAGE);
@@ -599,34 +607,35 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     }
 }
 
-// Tile config per routing block size: <MT, WN, KS> (see Tile).
-#define W4A16_MOE_CONFIGS(X) X(1, 1, 2) X(2, 2, 2) X(4, 4, 4)
-template <int MT> struct Cfg;
-#define W4A16_MOE_CFG_(mt, wn, ks)                                                                                     \
-    template <> struct Cfg<mt> { static constexpr int WN = wn, KS = ks; };
-W4A16_MOE_CONFIGS(W4A16_MOE_CFG_)
+// The tiles (W4A16_MOE_TILE_*, moe_launch.h): <MT, WN, KS> (see Tile).
+template <int TILE> struct Cfg;
+#define W4A16_MOE_CFG_(tile, mt, wn, ks)                                                                               \
+    template <> struct Cfg<tile> { static constexpr int MT = mt, WN = wn, KS = ks; };
+W4A16_MOE_CFG_(W4A16_MOE_TILE_16x64, 1, 1, 2)
+W4A16_MOE_CFG_(W4A16_MOE_TILE_16x128, 1, 2, 2)
+W4A16_MOE_CFG_(W4A16_MOE_TILE_16x256, 1, 4, 4)
+W4A16_MOE_CFG_(W4A16_MOE_TILE_32, 2, 2, 2)
+W4A16_MOE_CFG_(W4A16_MOE_TILE_64, 4, 4, 4)
 #undef W4A16_MOE_CFG_
 
-template <int LAYOUT, int MT> int smem_of(int stages) {
-    return Tile<LAYOUT, MT, Cfg<MT>::WN, Cfg<MT>::KS>::smem(stages);
-}
+template <int LAYOUT, int TILE> using TileOf = Tile<LAYOUT, Cfg<TILE>::MT, Cfg<TILE>::WN, Cfg<TILE>::KS>;
 
-// The kernel of a launch (the K-splitting one where `split`, 16-row tile only) and its dynamic shared memory.
-template <typename T, int LAYOUT, int MT>
+// The kernel of a launch (the K-splitting one where `split`, 16 x 64 tile only) and its dynamic shared memory.
+template <typename T, int LAYOUT, int TILE>
 void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
-    constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS;
+    constexpr int MT = Cfg<TILE>::MT, WN = Cfg<TILE>::WN, KS = Cfg<TILE>::KS;
     *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
-    if constexpr (MT == 1) // only the 16-row tile splits K
+    if constexpr (TILE == W4A16_MOE_TILE_16x64)
         if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
-    *smem = smem_of<LAYOUT, MT>(a.stages);
+    *smem = TileOf<LAYOUT, TILE>::smem(a.stages);
 }
 
 // Launches the kernel csrc/moe.c prepared (its shared memory and carveout attributes set on this device).
-template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
-    constexpr int BN = 64 * Cfg<MT>::WN;
+template <typename T, int LAYOUT, int TILE> cudaError_t launch(const w4a16_moe_launch &a) {
+    constexpr int BN = TileOf<LAYOUT, TILE>::BN;
     void (*kern)(w4a16_moe_launch);
     int smem;
-    kernel_of<T, LAYOUT, MT>(a, a.splits > 1, &kern, &smem);
+    kernel_of<T, LAYOUT, TILE>(a, a.splits > 1, &kern, &smem);
     // cudaLaunchKernelEx returns this launch's own status, where <<<>>> + cudaGetLastError would also report (and
     // clear) an earlier error of someone else's
     cudaLaunchConfig_t c = {};
@@ -638,31 +647,73 @@ template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_lau
     return cudaLaunchKernelEx(&c, kern, a);
 }
 
-template <typename T, int LAYOUT, int MT> cudaError_t prepare(const w4a16_moe_launch &a, bool split, int *n) {
+template <typename T, int LAYOUT, int TILE> cudaError_t prepare(const w4a16_moe_launch &a, bool split, int *n) {
     void (*kern)(w4a16_moe_launch);
     int smem;
-    kernel_of<T, LAYOUT, MT>(a, split, &kern, &smem);
+    kernel_of<T, LAYOUT, TILE>(a, split, &kern, &smem);
     cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kern, smem, a.carveout);
     if (err != cudaSuccess) return err;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, THREADS, smem);
 }
 
-static_assert(Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BK == W4A16_MOE_SPLIT_BK &&
-                  Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BM *
-                          Tile<W4A16_LAYOUT_AWQ, 1, Cfg<1>::WN, Cfg<1>::KS>::BN * 4 ==
+// the rows and channels csrc/moe.c counts each tile with (w4a16_moe_tile_rows / _bn)
+#define W4A16_MOE_CHECK_(tile, rows, bn)                                                                               \
+    static_assert(TileOf<W4A16_LAYOUT_AWQ, tile>::BM == rows && TileOf<W4A16_LAYOUT_AWQ, tile>::BN == bn, "tile");
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x64, 16, 64)
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x128, 16, 128)
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x256, 16, 256)
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_32, 32, 128)
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_64, 64, 256)
+#undef W4A16_MOE_CHECK_
+static_assert(TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BK == W4A16_MOE_SPLIT_BK &&
+                  TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BM *
+                          TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BN * 4 ==
                       W4A16_MOE_SPLIT_TILE_BYTES,
               "split-K sizes of csrc/moe.c");
 
-template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &a) {
-    if (a.block_size <= 16) return launch<T, LAYOUT, 1>(a);
-    if (a.block_size <= 32) return launch<T, LAYOUT, 2>(a);
-    return launch<T, LAYOUT, 4>(a);
+template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch &a) {
+    switch (a.tile) {
+    case W4A16_MOE_TILE_16x64:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_16x64>(a);
+    case W4A16_MOE_TILE_16x128:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_16x128>(a);
+    case W4A16_MOE_TILE_16x256:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_16x256>(a);
+    case W4A16_MOE_TILE_32:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_32>(a);
+    default:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_64>(a);
+    }
 }
 
-template <typename T, int LAYOUT> cudaError_t prepare_mt(const w4a16_moe_launch &a, bool split, int *n) {
-    if (a.block_size <= 16) return prepare<T, LAYOUT, 1>(a, split, n);
-    if (a.block_size <= 32) return prepare<T, LAYOUT, 2>(a, split, n);
-    return prepare<T, LAYOUT, 4>(a, split, n);
+template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launch &a, bool split, int *n) {
+    switch (a.tile) {
+    case W4A16_MOE_TILE_16x64:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_16x64>(a, split, n);
+    case W4A16_MOE_TILE_16x128:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_16x128>(a, split, n);
+    case W4A16_MOE_TILE_16x256:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_16x256>(a, split, n);
+    case W4A16_MOE_TILE_32:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_32>(a, split, n);
+    default:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_64>(a, split, n);
+    }
+}
+
+template <int LAYOUT> int smem_tile(int tile, int stages) {
+    switch (tile) {
+    case W4A16_MOE_TILE_16x64:
+        return TileOf<LAYOUT, W4A16_MOE_TILE_16x64>::smem(stages);
+    case W4A16_MOE_TILE_16x128:
+        return TileOf<LAYOUT, W4A16_MOE_TILE_16x128>::smem(stages);
+    case W4A16_MOE_TILE_16x256:
+        return TileOf<LAYOUT, W4A16_MOE_TILE_16x256>::smem(stages);
+    case W4A16_MOE_TILE_32:
+        return TileOf<LAYOUT, W4A16_MOE_TILE_32>::smem(stages);
+    default:
+        return TileOf<LAYOUT, W4A16_MOE_TILE_64>::smem(stages);
+    }
 }
 
 } // namespace moe
@@ -681,33 +732,27 @@ extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, 
                               sorted_capacity, expert_ids, blocks_capacity, num_post_padded);
 }
 
-extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
+extern "C" int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
     using namespace w4a16::moe;
-    const int mt = block_size <= 16 ? 1 : block_size <= 32 ? 2 : 4;
-    if (layout == W4A16_LAYOUT_AWQ)
-        return mt == 1   ? smem_of<W4A16_LAYOUT_AWQ, 1>(stages)
-               : mt == 2 ? smem_of<W4A16_LAYOUT_AWQ, 2>(stages)
-                         : smem_of<W4A16_LAYOUT_AWQ, 4>(stages);
-    return mt == 1   ? smem_of<W4A16_LAYOUT_MARLIN, 1>(stages)
-           : mt == 2 ? smem_of<W4A16_LAYOUT_MARLIN, 2>(stages)
-                     : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
+    return layout == W4A16_LAYOUT_AWQ ? smem_tile<W4A16_LAYOUT_AWQ>(tile, stages)
+                                      : smem_tile<W4A16_LAYOUT_MARLIN>(tile, stages);
 }
 
 extern "C" int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
     using namespace w4a16::moe;
     const bool sp = split != 0;
     if (a->dtype == 0)
-        return a->layout == W4A16_LAYOUT_AWQ ? prepare_mt<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                             : prepare_mt<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
-    return a->layout == W4A16_LAYOUT_AWQ ? prepare_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                         : prepare_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+        return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                             : prepare_tile<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+    return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                         : prepare_tile<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
     using namespace w4a16::moe;
     if (a->dtype == 0)
-        return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__half, W4A16_LAYOUT_AWQ>(*a)
-                                             : launch_mt<__half, W4A16_LAYOUT_MARLIN>(*a);
-    return a->layout == W4A16_LAYOUT_AWQ ? launch_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a)
-                                         : launch_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a);
+        return a->layout == W4A16_LAYOUT_AWQ ? launch_tile<__half, W4A16_LAYOUT_AWQ>(*a)
+                                             : launch_tile<__half, W4A16_LAYOUT_MARLIN>(*a);
+    return a->layout == W4A16_LAYOUT_AWQ ? launch_tile<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a)
+                                         : launch_tile<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a);
 }

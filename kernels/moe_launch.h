@@ -29,24 +29,35 @@ typedef struct w4a16_moe_launch {
     int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
     int dtype, layout, stages;
     int carveout;   /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
-    int splits;     /* K split across gridDim.z blocks (block_size <= 16 only); 1: no split */
+    int tile;       /* W4A16_MOE_TILE_*, holding block_size rows */
+    int splits;     /* K split across gridDim.z blocks (W4A16_MOE_TILE_16x64 only); 1: no split */
     int n_fast;     /* grid x = channel tiles, y = routing blocks (else the other way round) */
-    int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / 64), zero between calls */
-    void *partials; /* workspace: splits x 16 x 64 fp32 sums per tile */
+    int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
+    void *partials; /* workspace: splits x 16 x BN fp32 sums per tile */
     void *stream;
 } w4a16_moe_launch;
 
 /* Launches the grouped GEMM; its kernel must have been prepared on this device (w4a16_moe_prepare) for the launch's
  * tile, layout, dtype, split, stages and carveout. */
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
-/* Dynamic shared memory of the MoE GEMM for block_size rows, a layout and a pipeline depth. */
-int w4a16_moe_smem_bytes(int block_size, int layout, int stages);
+/* Dynamic shared memory of the MoE GEMM for a tile, a layout and a pipeline depth. */
+int w4a16_moe_smem_bytes(int tile, int layout, int stages);
 /* Sets the dynamic shared memory and carveout attributes of the launch's kernel (the K-splitting one where `split`,
- * block_size <= 16) on the current device, as its launch needs them, and gives the resident blocks per SM the device
- * allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached). */
+ * tile W4A16_MOE_TILE_16x64) on the current device, as its launch needs them, and gives the resident blocks per SM
+ * the device allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
-/* Block slots per SM the split-K workspace is sized for, and the fp32 sums of one tile (16 rows x 64 channels). */
-/* The k of one pipeline stage of that tile. */
+/* The GEMM tiles (rows x channels per block, k per pipeline stage); csrc/moe.c picks one per call. */
+enum {
+    W4A16_MOE_TILE_16x64 = 0,  /* 16 x 64, 128 k: the 4 warps split each stage's k; the only one that splits K */
+    W4A16_MOE_TILE_16x128 = 1, /* 16 x 128, 64 k: 2 channel groups x 2-way K split */
+    W4A16_MOE_TILE_16x256 = 2, /* 16 x 256, 64 k: each warp its 64 channels over whole stages */
+    W4A16_MOE_TILE_32 = 3,     /* 32 x 128, 64 k */
+    W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
+    W4A16_MOE_TILES = 5
+};
+static inline int w4a16_moe_tile_rows(int tile) { return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == 3 ? 32 : 64; }
+static inline int w4a16_moe_tile_bn(int tile) { return tile == 0 ? 64 : tile == 1 || tile == 3 ? 128 : 256; }
+/* Block slots per SM the split-K workspace is sized for, the fp32 sums of one 16 x 64 tile, the k of its stage. */
 enum { W4A16_MOE_SPLIT_SLOTS_PER_SM = 8, W4A16_MOE_SPLIT_TILE_BYTES = 16 * 64 * 4, W4A16_MOE_SPLIT_BK = 128 };
 
 #ifdef __cplusplus

@@ -706,6 +706,73 @@ static void check_moe_occupancy(const char *profile) {
     }
 }
 
+/* The three tiles of 16-row routing blocks (the plan picks 16x64, 16x128 or 16x256 from the routing blocks against
+ * the GPU's block slots): for each, the smallest T of a geometric series whose plan names it, then both GEMMs of that
+ * layer, every kind and dtype, against the reference (the plan's resident blocks per SM checked against the GPU's).
+ * In the native profile and the forced sm120 one; a tile may be missing only where the largest T (8192) does not
+ * reach it either (16x256 on profiles where it holds fewer blocks per SM than 16x128). */
+static void check_tiles16(const char *profile, stats *st) {
+    const char *want[] = {"16x64 ", "16x128 ", "16x256 "};
+    const int E = 64, top_k = 4, K = 256, N = 512, bs = 16;
+    for (int w = 0; w < 3; w++) {
+        int T = 1, found = 0;
+        w4a16_gemm_plan_info pi;
+        for (; T <= 8192; T = T < 8 ? T + 1 : T * 9 / 8) {
+            int cap, bcap;
+            W4_CHECK(w4a16_moe_align_sizes(T, top_k, E, bs, &cap, &bcap));
+            W4_CHECK(w4a16_moe_gemm_plan(1, cap, bs, N, K, 128, W4A16_FP16, g_ws_bytes, &pi));
+            if (strncmp(pi.text, want[w], strlen(want[w])) == 0) {
+                found = 1;
+                break;
+            }
+        }
+        if (!found) {
+            if (w == 2 && strncmp(pi.text, "16x128 ", 7) == 0) {
+                printf("  profile %s: no 16x256 tile up to T = 8192 (%s)\n", profile, pi.text);
+                continue;
+            }
+            fail_msg("profile %s: no T up to 8192 runs the %s tile (last plan: %s)", profile, want[w], pi.text);
+        }
+        if (pi.occupancy < 1 || pi.occupancy != pi.blocks_per_sm)
+            fail_msg("profile %s, T=%d: the GPU gives %d blocks per SM, the plan counts on %d (%s)", profile, T,
+                     pi.occupancy, pi.blocks_per_sm, pi.text);
+        printf("  profile %s: T=%d: %s\n", profile, T, pi.text);
+        int32_t *ids = malloc((size_t)T * top_k * 4);
+        make_ids(ids, T, top_k, E, IDS_DISTINCT);
+        int32_t *d_ids = gpu_upload(ids, (size_t)T * top_k * 4);
+        char label[160];
+        snprintf(label, sizeof label, "%s tile %s(T=%d E=%d top_k=%d K=%d N=%d)", profile, want[w], T, E, top_k, K, N);
+        routing R;
+        route(&R, ids, d_ids, T, top_k, E, bs, label);
+        for (int combo = 0; combo < 6; combo++) {
+            if (quick && combo % 3 != w) continue;
+            const int kind = combo % 3, G = group_list[(w + combo) % 3]; /* 32, 64, 128 */
+            const w4a16_dtype dt = combo < 3 ? W4A16_FP16 : W4A16_BF16;
+            snprintf(label, sizeof label, "%s tile %s(T=%d) %s %s G=%d", profile, want[w], T, kind_name[kind],
+                     dt == W4A16_BF16 ? "bf16" : "fp16", G);
+            experts X;
+            experts_make(&X, E, K, N, G, dt, kind);
+            check_gemm(&X, &R, ids, T, top_k, 0, combo % 2, label, st);
+            check_gemm(&X, &R, ids, T, top_k, 1, combo % 2 == 0, label, st);
+            experts_free(&X);
+        }
+        routing_free(&R);
+        cudaFree(d_ids);
+        free(ids);
+    }
+}
+
+static void test_moe_tiles16(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    stats st = {0};
+    check_tiles16("native", &st);
+    assert_int_equal(w4a16_force_profile("sm120"), W4A16_OK);
+    check_tiles16("sm120", &st);
+    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+    printf("  %d GEMMs on the 16-row tiles, worst relative error %.2e (%s)\n", st.cases, st.worst, st.worst_case);
+}
+
 /* The sm120 profile (RTX 5090 / RTX PRO 6000 / DGX Spark family) forced on this GPU. */
 static void test_moe_forced_sm120(void **state) {
     (void)state;
@@ -889,7 +956,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_routing_checker), cmocka_unit_test(test_moe_converters_bit_exact),
         cmocka_unit_test(test_moe_cases),           cmocka_unit_test(test_moe_groups_blocks),
         cmocka_unit_test(test_moe_split_k),         cmocka_unit_test(test_moe_forced_sm120),
-        cmocka_unit_test(test_moe_graph_capture),
+        cmocka_unit_test(test_moe_graph_capture),   cmocka_unit_test(test_moe_tiles16),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
