@@ -363,7 +363,8 @@ W4A16_API w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weigh
 
 /* w4a16_moe_gemm_plan: the launch a w4a16_moe_marlin_gemm (marlin = 1) or w4a16_moe_awq_gemm (marlin = 0) call with
  * these sizes makes on the current device (what W4A16_LOG=2 prints for every call), without the tensors: kernel
- * "moe-16" / "moe-32" / "moe-64" (rows per tile), stages, K splits, grid, shared memory, the resident blocks per SM
+ * "moe-16" / "moe-32" / "moe-64" (rows per tile; the text names rows x channels, e.g. "16x256 tile": 16-row blocks run
+ * 64, 128 or 256 channels by the number of blocks), stages, K splits, grid, shared memory, the resident blocks per SM
  * its K split is counted with (the kernel's occupancy, at most what the profile's SM holds by shared memory), the
  * blocks the device gives the kernel with its shared memory and carveout set as a launch sets them, and the carveout
  * emulating a forced profile's smaller SM (-1: none). Returns a validation or device status. */

@@ -155,8 +155,8 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
     (void)a;
     abort();
 }
-int w4a16_moe_smem_bytes(int bs, int layout, int stages) {
-    (void)bs;
+int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
+    (void)tile;
     (void)layout;
     (void)stages;
     abort();
