@@ -101,6 +101,10 @@ W4A16_HIDDEN int w4a16_staged_grid(int M, int nc, int sm_count);
  * blocks each: 1 when the tiles alone fill half the block slots; else at most the slots (tiles x splits <= slots:
  * the workspace is sized for that), at most 16, and at least min_kt k-tiles per split. */
 W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt);
+/* Stream-K of the mma.sync tile kernel (csrc/plan.c): how many blocks share the k-tiles of how many tiles (both 0:
+ * every block computes one whole tile). */
+W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int *sk_blocks,
+                                      int *sk_tiles);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

@@ -35,6 +35,27 @@ int w4a16_staged_grid(int M, int nc, int sm_count) {
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/* Stream-K for the mma.sync tile kernel (kernels/gemm.cuh): `tiles` tiles of num_kt k-tiles on `slots` resident
+ * block slots. Whole tiles while they fill the slots in full waves (or nearly: a last wave at least
+ * W4A16_SK_MIN_WAVE_FILL percent full); otherwise the slots share the k-tiles of the last partial wave's tiles plus
+ * one full wave (two tiles' worth per block at most, so the partial wave costs a fraction of a tile, not a whole one),
+ * the other tiles whole. Every stream-K block keeps at least min_kt k-tiles, a tile is shared by at most 16 blocks,
+ * and the blocks never outnumber the slots (the workspace holds two partial tiles per slot, a counter per two). */
+enum { W4A16_SK_MIN_WAVE_FILL = 90, W4A16_SK_MAX_SHARE = 15 };
+void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int *sk_blocks, int *sk_tiles) {
+    *sk_blocks = *sk_tiles = 0;
+    const long long waves = tiles / slots, rest = tiles % slots;
+    if (rest == 0 || (waves > 0 && rest * 100 >= (long long)slots * W4A16_SK_MIN_WAVE_FILL)) return;
+    const long long shared = waves > 0 ? rest + slots : rest;
+    if (shared * num_kt >= 2147483647LL) return;
+    long long blocks = shared * num_kt / min_kt;
+    if (blocks > slots) blocks = slots;
+    if (blocks > shared * W4A16_SK_MAX_SHARE) blocks = shared * W4A16_SK_MAX_SHARE;
+    if (blocks <= shared && waves == 0) return; /* no more blocks than tiles: whole tiles do as well */
+    *sk_blocks = (int)blocks;
+    *sk_tiles = (int)shared;
+}
+
 /* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
 static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t workspace_bytes, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -120,6 +141,14 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
     int per_sm = st->smem_per_sm / (pl->smem_bytes + st->smem_reserved);
     if (per_sm > minb) per_sm = minb;
     pl->blocks_per_sm = per_sm < 1 ? 1 : per_sm;
+    if (pl->kind == W4A16_KERNEL_MMA) {
+        /* one-dimensional grid: the stream-K blocks, then one block per remaining tile */
+        if (workspace_bytes > 0)
+            w4a16_plan_stream_k((long long)tiles_m * tiles_n, cdiv(K, bk), st->sm_count * pl->blocks_per_sm, 2,
+                                &pl->sk_blocks, &pl->sk_tiles);
+        pl->grid[0] = pl->sk_blocks + tiles_m * tiles_n - pl->sk_tiles;
+        return W4A16_OK;
+    }
     if (workspace_bytes > 0) {
         /* the deep decode tile (256 k per stage) keeps more k-tiles per split: its fixed cost per split is larger */
         const int min_kt = decode && bk >= 256 ? p->deep_decode_min_kt : 2;
@@ -153,6 +182,13 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      "%d threads, %d block%s/SM",
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
+                     pl->blocks_per_sm > 1 ? "s" : "");
+    else if (pl->kind == W4A16_KERNEL_MMA)
+        n = snprintf(buf, size,
+                     "%s config %d (%s, %d stages), stream-K %d blocks over %d tiles, grid %d, %d threads, "
+                     "%d bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), pl->cfg, w4a16_config(pl->cfg)->name, pl->stages, pl->sk_blocks,
+                     pl->sk_tiles, pl->grid[0], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else
         n = snprintf(buf, size,

@@ -52,7 +52,14 @@ template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
     int gshift, g_last, slots_used; // group of row k = k >> gshift; last group; scale rows a stage touches
 
     __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int tid) {
-        nk = split_k_tiles((p.K + BK - 1) / BK, &kt_begin);
+        int begin;
+        const int count = split_k_tiles((p.K + BK - 1) / BK, &begin);
+        plan(p, m0, n0, tid, begin, count);
+    }
+    // The same for an explicit k-tile range [kt_begin_, kt_begin_ + nk_) (stream-K segments).
+    __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int tid, int kt_begin_, int nk_) {
+        kt_begin = kt_begin_;
+        nk = nk_;
         gshift = p.gshift;
         g_last = (p.K - 1) >> gshift;
         slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // stages start at multiples of BK: groups aligned
@@ -252,6 +259,61 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
     return true;
 }
 
+// Stream-K (the mma.sync tile kernel; csrc/plan.c sizes it): blocks [0, sk_blocks) divide the k-tiles of the first
+// sk_tiles tiles evenly as one range in tile-major order, so every block has the same work whatever the tile count;
+// block sk_blocks + i computes tile sk_tiles + i whole. A block's range is cut at tile boundaries into segments.
+// First k-tile of stream-K block b of `blocks` sharing `total` k-tiles (the host keeps total < 2^31): b * total /
+// blocks, in 32-bit arithmetic (q = total / blocks, rem = total % blocks; b * rem < blocks^2).
+__device__ __forceinline__ int sk_begin(int b, int q, int rem, int blocks) { return b * q + b * rem / blocks; }
+
+// A segment that covers part of a tile: its NSLOT slots of 4 fp32 sums go to the workspace, in the first (`first`:
+// the block's first segment) or second partial slot of this block (a block has at most two partial segments: the
+// tail of one tile and the head of another). The last of the tile's blocks to arrive adds the blocks' sums in block
+// order (deterministic) and returns true. Slot s, its liveness and the barrier as in split_k_reduce.
+template <typename T, int NSLOT, typename Slot, typename Live, typename Sync>
+__device__ __forceinline__ bool stream_k_reduce(const GemmArgs &p, int tile, int num_kt, bool first, int tile_f4,
+                                                int offset, int stride, int tid, Slot slot, Live live, Sync sync) {
+    const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+    float4 *base = p.partials + offset;
+    float4 *mine = base + (size_t)(2 * blockIdx.x + (first ? 0 : 1)) * tile_f4;
+#pragma unroll
+    for (int s = 0; s < NSLOT; s++)
+        if (live(s)) store_partial<T>(mine + s * stride, slot(s), p.reduce_dtype);
+    // the tile's blocks b0 .. b1: walk from this one to the blocks holding its first and last k-tiles
+    const int x0 = tile * num_kt, x1 = x0 + num_kt;
+    int b0 = blockIdx.x, b1 = blockIdx.x;
+    while (sk_begin(b0, q, rem, blocks) > x0) b0--;
+    while (sk_begin(b1 + 1, q, rem, blocks) < x1) b1++;
+    if (!last_arrival(p.counters, tile, b1 - b0 + 1, tid, sync)) return false;
+#pragma unroll
+    for (int s = 0; s < NSLOT; s++) {
+        float *x = slot(s);
+        x[0] = x[1] = x[2] = x[3] = 0.f;
+    }
+    for (int b = b0; b <= b1; b++) { // block order: deterministic
+        const bool b_first = sk_begin(b, q, rem, blocks) >= x0; // b starts inside this tile
+        const float4 *src = base + (size_t)(2 * b + (b_first ? 0 : 1)) * tile_f4;
+        constexpr int U = NSLOT < 4 ? NSLOT : 4; // loads in flight, without a second set of accumulators
+#pragma unroll
+        for (int s0 = 0; s0 < NSLOT; s0 += U) {
+            float4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (live(s0 + u)) v[u] = load_partial<T>(src + (s0 + u) * stride, p.reduce_dtype);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (live(s0 + u)) {
+                    float *x = slot(s0 + u);
+                    x[0] += v[u].x;
+                    x[1] += v[u].y;
+                    x[2] += v[u].z;
+                    x[3] += v[u].w;
+                }
+        }
+    }
+    return true;
+}
+
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
@@ -271,15 +333,16 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int wm = warp % WM, wh = (warp / WM) % NH, wn = (warp / (WM * NH)) % WN, wk = warp / WMN;
     const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N;
-    const int splits = gridDim.z;
     const int stages = p.stages;
+    const int tiles_m = (M + BM - 1) / BM, num_kt = (p.K + BK - 1) / BK;
 
-    // ---- producer: the block's K split and per-thread copy plans fixed for it; each stage advances them by BK.
+    // ---- one segment: k-tiles [kt_begin, kt_begin + nk) of the tile at (m0, n0); full when nk == num_kt
+    auto gemm_segment = [&](const int m0, const int n0, const int tile, const int kt_begin, const int nk,
+                            const int num_kt, const bool first) {
+    // ---- producer: per-thread copy plans fixed for the segment; each stage advances them by BK.
     StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, tid);
-    const int kt_begin = copy.kt_begin, nk = copy.nk;
+    copy.plan(p, m0, n0, tid, kt_begin, nk);
     const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
 
     float acc[MT][NB][4];
@@ -369,13 +432,13 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     constexpr int EPI_THREADS = 32 * WMN;
     const int row_base = m0 + wm * MT * 16;
 
-    // ---- split-K across blocks: partials to the workspace, the last arriving block reduces
-    if (splits > 1) {
+    // ---- part of a tile: partials to the workspace, the tile's last arriving block reduces
+    if (nk != num_kt) {
         auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); }; // only the epilogue warps
         auto slot = [&](int s) -> float * { return acc[s / NB][s % NB]; };
         auto live = [&](int s) { return row_base + (s / NB) * 16 < M; };
-        if (!split_k_reduce<T, MT * NB>(p, WMN * MT * NB * 32, warp_mn * (MT * NB * 32) + lane, 32, tid, slot, live,
-                                        epi_sync))
+        if (!stream_k_reduce<T, MT * NB>(p, tile, num_kt, first, WMN * MT * NB * 32, warp_mn * (MT * NB * 32) + lane,
+                                         32, tid, slot, live, epi_sync))
             return;
     }
 
@@ -436,6 +499,30 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                 }
             }
         }
+    }
+    };
+
+    // ---- this block's work (stream-K, see stream_k_reduce), one segment (a tile's k-tiles [kt, kt + nk)) per
+    // iteration; recomputed from the block index each time, so no loop state is held in registers across a segment.
+    for (int seg = 0;; seg++) {
+        int tile, kt, nk;
+        if ((int)blockIdx.x < p.sk_blocks) {
+            const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+            const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
+            const int t0 = start / num_kt;
+            tile = t0 + seg;
+            kt = seg == 0 ? start - t0 * num_kt : 0;
+            const int from = tile * num_kt + kt;
+            if (from >= stop) break;
+            nk = min(num_kt - kt, stop - from);
+        } else {
+            if (seg > 0) break;
+            tile = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
+            kt = 0;
+            nk = num_kt;
+        }
+        if (seg > 0) __syncthreads(); // the previous segment's epilogue may still read the shared buffers
+        gemm_segment(tile % tiles_m * BM, tile / tiles_m * BN, tile, kt, nk, num_kt, seg == 0);
     }
 }
 
