@@ -28,9 +28,9 @@ typedef struct w4a16_gemm_args {
 #else
     void *partials;
 #endif
-    int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
-    int reduce_dtype;       /* split-K partials rounded to the dtype (W4A16_FLAG_REDUCE_IN_DTYPE), not kept in fp32 */
-    int pdl;                /* programmatic dependent launch (W4A16_FLAG_PDL): weights are read before the wait */
+    int marlin_channelwise;  /* Marlin scales permuted in chunks of 32 (G == K) */
+    int reduce_dtype;        /* split-K partials rounded to the dtype (W4A16_FLAG_REDUCE_IN_DTYPE), not kept in fp32 */
+    int pdl;                 /* programmatic dependent launch (W4A16_FLAG_PDL): weights are read before the wait */
     int sk_blocks, sk_tiles; /* mma.sync tile kernel: blocks sharing the first sk_tiles tiles' k-tiles (stream-K) */
 } w4a16_gemm_args;
 
