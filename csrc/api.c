@@ -5,20 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
-static int group_shift(int G) {
-    if (G & (G - 1)) return 31;
-    int s = 0;
-    while ((1 << s) < G) s++;
-    return s;
-}
-
-static w4a16_status launch_status(int err, const char *op) {
-    if (err == cudaSuccess) return W4A16_OK;
-    return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
-                      cudaGetErrorString((cudaError_t)err));
-}
-
 /* The launch of a GEMM call on the current device: arguments from the validated tensors, the plan of csrc/plan.c. */
 static w4a16_status prepare_gemm(int layout, const void *A, const void *B, const void *scales, const void *zeros,
                                  const void *bias, void *C, int M, int N, int K, int G, int dtype, void *workspace,
@@ -46,7 +32,7 @@ static w4a16_status prepare_gemm(int layout, const void *A, const void *B, const
         .M = M,
         .N = N,
         .K = K,
-        .gshift = group_shift(G),
+        .gshift = w4a16_group_shift(G),
         .counters = workspace,
         .partials = workspace ? (char *)workspace + w4a16_workspace_counters_bytes(st->sm_count) : NULL,
         .marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K,
@@ -82,7 +68,7 @@ static w4a16_status run_staged(const w4a16_gemm_launch *a, int G, void *workspac
             e = w4a16_launch_dense_gemm(g->A, slab, g->bias ? (const char *)g->bias + n0 * elt : NULL,
                                         (char *)g->C + n0 * elt, g->M, n, g->K, N, a->dtype,
                                         n == nc ? a->plan.grid[0] : w4a16_staged_grid(g->M, n, sm_count), a->stream);
-        if (e != 0) return launch_status(e, op);
+        if (e != 0) return w4a16_launch_status(e, op);
     }
     return W4A16_OK;
 }
@@ -101,7 +87,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
         fprintf(stderr, "w4a16: %s M=%d N=%d K=%d G=%d %s: %s\n", op, M, N, K, G, dtype ? "bf16" : "fp16", text);
     }
     if (a.plan.kind == W4A16_KERNEL_STAGED) return run_staged(&a, G, workspace, st->sm_count, op);
-    return launch_status(w4a16_launch_gemm(&a), op);
+    return w4a16_launch_status(w4a16_launch_gemm(&a), op);
 }
 
 static w4a16_status check_flags(unsigned flags) {
@@ -209,16 +195,8 @@ w4a16_status w4a16_awq_dequantize(const int32_t *qweight, const void *scales, co
         (s = w4a16_check_ptr(W, "W", 16, 1)) || (s = w4a16_check_gemm_shape(1, N, K, group_size, 1, &G)) ||
         (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_awq_dequant(qweight, scales, qzeros, W, K, N, G, dtype, stream),
-                         "w4a16_awq_dequantize");
-}
-
-/* Shapes of the converters: N % 64, K % k_multiple, in != out. */
-static w4a16_status check_convert(const void *in, const void *out, int K, int N, int k_multiple) {
-    w4a16_status s;
-    if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
-    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
-    return w4a16_check_gemm_shape(1, N, K, -1, k_multiple, NULL);
+    return w4a16_launch_status(w4a16_launch_awq_dequant(qweight, scales, qzeros, W, K, N, G, dtype, stream),
+                               "w4a16_awq_dequantize");
 }
 
 w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin_weight, int K, int N,
@@ -227,8 +205,10 @@ w4a16_status w4a16_marlin_repack_awq(const int32_t *awq_qweight, int32_t *marlin
     w4a16_status s;
     int device;
     const w4a16_device_state *st;
-    if ((s = check_convert(awq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_current_device(&device, &st))) return s;
-    return launch_status(w4a16_launch_repack_awq(awq_qweight, marlin_weight, K, N, stream), "w4a16_marlin_repack_awq");
+    if ((s = w4a16_check_convert(awq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_current_device(&device, &st)))
+        return s;
+    return w4a16_launch_status(w4a16_launch_repack_awq(awq_qweight, marlin_weight, K, N, stream),
+                               "w4a16_marlin_repack_awq");
 }
 
 w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t *perm, int32_t *marlin_weight, int K,
@@ -237,11 +217,11 @@ w4a16_status w4a16_marlin_repack_gptq(const int32_t *gptq_qweight, const int32_t
     w4a16_status s;
     int device;
     const w4a16_device_state *st;
-    if ((s = check_convert(gptq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_check_ptr(perm, "perm", 4, 0)) ||
+    if ((s = w4a16_check_convert(gptq_qweight, marlin_weight, K, N, 16)) || (s = w4a16_check_ptr(perm, "perm", 4, 0)) ||
         (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_repack_gptq(gptq_qweight, perm, marlin_weight, K, N, stream),
-                         "w4a16_marlin_repack_gptq");
+    return w4a16_launch_status(w4a16_launch_repack_gptq(gptq_qweight, perm, marlin_weight, K, N, stream),
+                               "w4a16_marlin_repack_gptq");
 }
 
 w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales, int K, int N, int group_size,
@@ -250,11 +230,11 @@ w4a16_status w4a16_marlin_permute_scales(const void *scales, void *marlin_scales
     w4a16_status s;
     int G, device;
     const w4a16_device_state *st;
-    if ((s = w4a16_check_dtype(dtype)) || (s = check_convert(scales, marlin_scales, K, N, 16)) ||
+    if ((s = w4a16_check_dtype(dtype)) || (s = w4a16_check_convert(scales, marlin_scales, K, N, 16)) ||
         (s = w4a16_check_group(K, group_size, &G)) || (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_permute_scales(scales, marlin_scales, K / G, N, G == K, stream),
-                         "w4a16_marlin_permute_scales");
+    return w4a16_launch_status(w4a16_launch_permute_scales(scales, marlin_scales, K / G, N, G == K, stream),
+                               "w4a16_marlin_permute_scales");
 }
 
 w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *marlin_zeros, int K, int N,
@@ -263,11 +243,11 @@ w4a16_status w4a16_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t *ma
     w4a16_status s;
     int G, device;
     const w4a16_device_state *st;
-    if ((s = check_convert(awq_qzeros, marlin_zeros, K, N, 16)) || (s = w4a16_check_group(K, group_size, &G)) ||
+    if ((s = w4a16_check_convert(awq_qzeros, marlin_zeros, K, N, 16)) || (s = w4a16_check_group(K, group_size, &G)) ||
         (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_awq_zero_points(awq_qzeros, marlin_zeros, K / G, N, stream),
-                         "w4a16_marlin_awq_zero_points");
+    return w4a16_launch_status(w4a16_launch_awq_zero_points(awq_qzeros, marlin_zeros, K / G, N, stream),
+                               "w4a16_marlin_awq_zero_points");
 }
 
 w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out, int M, int K_in, int K_out,
@@ -285,7 +265,7 @@ w4a16_status w4a16_permute_cols(const void *A, const int32_t *perm, void *A_out,
     if ((s = w4a16_check_size("A[M,K_in]", M, K_in)) || (s = w4a16_check_size("A_out[M,K_out]", M, K_out)) ||
         (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K_in, K_out, stream), "w4a16_permute_cols");
+    return w4a16_launch_status(w4a16_launch_permute_cols(A, perm, A_out, M, K_in, K_out, stream), "w4a16_permute_cols");
 }
 
 w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int32_t *idx, void *out, int rows_out, int cols,
@@ -304,5 +284,6 @@ w4a16_status w4a16_gather_rows(const void *in, int rows_in, const int32_t *idx, 
     if ((s = w4a16_check_size("in[rows_in,cols]", rows_in, cols)) ||
         (s = w4a16_check_size("out[rows_out,cols]", rows_out, cols)) || (s = w4a16_current_device(&device, &st)))
         return s;
-    return launch_status(w4a16_launch_gather_rows(in, rows_in, idx, out, rows_out, cols, stream), "w4a16_gather_rows");
+    return w4a16_launch_status(w4a16_launch_gather_rows(in, rows_in, idx, out, rows_out, cols, stream),
+                               "w4a16_gather_rows");
 }

@@ -73,10 +73,31 @@ static w4a16_status check_driver(void) {
     return W4A16_OK;
 }
 
-/* ---------------------------------------------------------------- per-device state */
+/* ---------------------------------------------------------------- per-device views
+ * The planners read a device through one immutable view, swapped whole by w4a16_force_profile: views are never freed
+ * or rewritten (one per profile, forced or not), so a call that loaded the previous one still reads a whole one. */
 enum { MAX_DEVICES = 64 };
-static w4a16_device_state states[MAX_DEVICES];
-static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static w4a16_device_views devices[MAX_DEVICES];
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER; /* serialises first use and w4a16_force_profile */
+
+const w4a16_device_state *w4a16_device_view(w4a16_device_views *v, const w4a16_profile *p, int forced) {
+    int i = 0;
+    for (const char *const *name = w4a16_profile_names(); *name && w4a16_find_profile(*name) != p; name++) i++;
+    w4a16_device_state *view = &v->built[i][forced != 0];
+    if (!view->profile) { /* never published yet: no reader can hold it */
+        *view = v->desc;
+        w4a16_use_profile(view, p, forced);
+    }
+    return view;
+}
+
+void w4a16_publish_view(w4a16_device_views *v, const w4a16_device_state *view) {
+    atomic_store_explicit(&v->current, view, memory_order_release);
+}
+
+const w4a16_device_state *w4a16_current_view(w4a16_device_views *v) {
+    return atomic_load_explicit(&v->current, memory_order_acquire);
+}
 
 /* W4A16_LOG: 0 or unset quiet, 1 the device's profile, 2 also every GEMM call's plan. */
 static int log_level(void) {
@@ -86,8 +107,8 @@ static int log_level(void) {
     return n > 0 ? n : strcmp(v, "0") != 0;
 }
 
-/* Use profile `p` on the device of `st`. A forced profile of an architecture with less shared memory per SM than
- * the device is emulated: the plans count resident blocks with its shared memory, and the kernels run with the
+/* Profile `p` in the view `st`, before it is published. A forced profile of an architecture with less shared memory per
+ * SM than the device is emulated: the plans count resident blocks with its shared memory, and the kernels run with the
  * carveout (percent of the device's, rounded down: the hardware rounds a carveout up to its next configuration)
  * that leaves that much. */
 void w4a16_use_profile(w4a16_device_state *st, const w4a16_profile *p, int forced) {
@@ -114,17 +135,19 @@ static const w4a16_profile *fit_profile(const w4a16_profile *p, size_t smem_opti
     return p;
 }
 
-/* Fill `st` for `device`, which must be the current device. Called with state_lock held. */
-static void init_state(int device, w4a16_device_state *st) {
+/* Describe `device`, which must be the current device, in v->desc and return the view to publish first: the one
+ * of its profile, or desc itself when the device cannot be used. Called with state_lock held, before any view of
+ * `device` is published. */
+static const w4a16_device_state *init_state(int device, w4a16_device_views *v) {
+    w4a16_device_state *st = &v->desc;
     memset(st, 0, sizeof *st);
-    st->ready = 1;
+    st->reason = v->reason;
     struct cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, device);
     if (e != cudaSuccess) {
         st->status = W4A16_ERR_CUDA;
-        snprintf(st->reason, sizeof st->reason, "cudaGetDeviceProperties(%d) failed: %s", device,
-                 cudaGetErrorString(e));
-        return;
+        snprintf(v->reason, sizeof v->reason, "cudaGetDeviceProperties(%d) failed: %s", device, cudaGetErrorString(e));
+        return st;
     }
     int arch = prop.major * 10 + prop.minor;
     st->sm_count = prop.multiProcessorCount;
@@ -136,21 +159,21 @@ static void init_state(int device, w4a16_device_state *st) {
     st->log_level = log_level();
     if (arch < 80) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
-        snprintf(st->reason, sizeof st->reason,
+        snprintf(v->reason, sizeof v->reason,
                  "%s has compute capability %d.%d; w4a16 needs 8.0 or newer (compiled for %s)", prop.name, prop.major,
                  prop.minor, w4a16_compiled_archs());
-        return;
+        return st;
     }
     int bin = 0;
     e = (cudaError_t)w4a16_probe_gemm(0, W4A16_LAYOUT_AWQ, 0, &bin);
     if (e != cudaSuccess) {
         cudaGetLastError(); /* the probe's error is not sticky; do not leave it for the caller */
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
-        snprintf(st->reason, sizeof st->reason,
+        snprintf(v->reason, sizeof v->reason,
                  "%s (compute capability %d.%d) cannot load w4a16's kernels: %s; this build holds SASS for "
                  "%s",
                  prop.name, prop.major, prop.minor, cudaGetErrorString(e), w4a16_compiled_archs());
-        return;
+        return st;
     }
     if (arch == 90) { /* exactly 9.0: sm_90a images do not run on other Hopper-family parts */
         st->wgmma = w4a16_probe_gemm_wgmma() == cudaSuccess && (size_t)w4a16_gemm_wgmma_smem_bytes() <= st->smem_optin;
@@ -163,52 +186,58 @@ static void init_state(int device, w4a16_device_state *st) {
         if (!p || (size_t)w4a16_profile_smem_bytes(p) > st->smem_optin) {
             if (p) {
                 st->status = W4A16_ERR_PROFILE_UNAVAILABLE;
-                snprintf(st->reason, sizeof st->reason,
+                snprintf(v->reason, sizeof v->reason,
                          "W4A16_PROFILE=%s needs %d bytes of shared memory per block; %s allows %zu", forced,
                          w4a16_profile_smem_bytes(p), prop.name, st->smem_optin);
             } else {
                 st->status = W4A16_ERR_INVALID_VALUE;
-                snprintf(st->reason, sizeof st->reason, "W4A16_PROFILE=%s is not a profile name (%s)", forced,
+                snprintf(v->reason, sizeof v->reason, "W4A16_PROFILE=%s is not a profile name (%s)", forced,
                          w4a16_profile_list_text());
             }
-            return;
+            return st;
         }
     } else {
         p = fit_profile(native_profile(arch), st->smem_optin);
     }
     if (!p) {
         st->status = W4A16_ERR_ARCH_UNSUPPORTED;
-        snprintf(st->reason, sizeof st->reason,
+        snprintf(v->reason, sizeof v->reason,
                  "no w4a16 profile fits %s (compute capability %d.%d, %zu bytes of "
                  "shared memory per block)",
                  prop.name, prop.major, prop.minor, st->smem_optin);
-        return;
+        return st;
     }
     const int is_forced = forced && *forced && strcmp(forced, "auto") != 0;
-    w4a16_use_profile(st, p, is_forced);
     st->status = W4A16_OK;
+    const w4a16_device_state *view = w4a16_device_view(v, p, is_forced);
     char wg[128] = "", staged[48] = "", emu[128];
-    emulation_text(st, emu, sizeof emu);
+    emulation_text(view, emu, sizeof emu);
     if (p->staged_min_m > 0) snprintf(staged, sizeof staged, ", staged GEMMs from M = %d", p->staged_min_m);
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
                  p->wgmma_large_min_m, staged);
-    snprintf(st->reason, sizeof st->reason,
-             "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s", p->name,
-             is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count, st->smem_optin / 1024,
+    snprintf(v->reason, sizeof v->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s",
+             p->name, is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count,
+             st->smem_optin / 1024,
              has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg, emu);
-    if (st->log_level) fprintf(stderr, "w4a16: device %d: %s\n", device, st->reason);
+    if (st->log_level) fprintf(stderr, "w4a16: device %d: %s\n", device, v->reason);
+    return view;
 }
 
-/* State of `device`, initialising it once; switches the current device temporarily when needed. */
+/* The current view of `device`, describing the device on first use (switching the current device temporarily when
+ * needed). */
 static const w4a16_device_state *device_state(int device) {
+    w4a16_device_views *v = &devices[device];
+    const w4a16_device_state *st = w4a16_current_view(v);
+    if (st) return st;
     pthread_mutex_lock(&state_lock);
-    w4a16_device_state *st = &states[device];
-    if (!st->ready) {
+    st = w4a16_current_view(v);
+    if (!st) {
         int cur = -1;
         cudaGetDevice(&cur);
         if (cur != device) cudaSetDevice(device);
-        init_state(device, st);
+        st = init_state(device, v);
+        w4a16_publish_view(v, st);
         if (cur != device && cur >= 0) cudaSetDevice(cur);
     }
     pthread_mutex_unlock(&state_lock);
@@ -290,21 +319,24 @@ w4a16_status w4a16_force_profile(const char *name) {
     w4a16_status s = w4a16_current_device(&device, &st);
     if (s != W4A16_OK) return s;
     pthread_mutex_lock(&state_lock);
-    w4a16_device_state *w = &states[device];
+    w4a16_device_views *v = &devices[device];
     if (automatic) {
         struct cudaDeviceProp prop;
         cudaGetDeviceProperties(&prop, device);
-        p = fit_profile(native_profile(prop.major * 10 + prop.minor), w->smem_optin);
-    } else if ((size_t)w4a16_profile_smem_bytes(p) > w->smem_optin) {
+        p = fit_profile(native_profile(prop.major * 10 + prop.minor), st->smem_optin);
+    } else if ((size_t)w4a16_profile_smem_bytes(p) > st->smem_optin) {
         pthread_mutex_unlock(&state_lock);
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
                           "profile %s needs %d bytes of shared memory per block; device %d allows %zu", name,
-                          w4a16_profile_smem_bytes(p), device, w->smem_optin);
+                          w4a16_profile_smem_bytes(p), device, st->smem_optin);
     }
-    if (p) w4a16_use_profile(w, p, !automatic);
+    if (p) {
+        st = w4a16_device_view(v, p, !automatic);
+        w4a16_publish_view(v, st);
+    }
     char emu[128];
-    emulation_text(w, emu, sizeof emu);
-    if (w->log_level)
+    emulation_text(st, emu, sizeof emu);
+    if (st->log_level)
         fprintf(stderr, "w4a16: device %d: profile %s%s%s\n", device, p ? p->name : "?",
                 automatic ? " (automatic)" : " (forced)", emu);
     pthread_mutex_unlock(&state_lock);

@@ -5,6 +5,7 @@
 #include "../kernels/configs.h"
 #include "../kernels/launch.h"
 #include <stdarg.h>
+#include <stdatomic.h>
 
 #define W4A16_HIDDEN __attribute__((visibility("hidden")))
 
@@ -53,11 +54,12 @@ W4A16_HIDDEN int w4a16_profile_smem_bytes(const w4a16_profile *p);
 /* "sm80 sm86 ... sm121": the names of W4A16_PROFILE_LIST, for messages. */
 W4A16_HIDDEN const char *w4a16_profile_list_text(void);
 
-/* Per-device state, filled once (thread-safe) on first use. */
+/* What the planners read of a device: its description and the profile in use. Immutable once published
+ * (csrc/device.c): a call loads its device's view once and reads only that one, so a profile forced meanwhile on
+ * another thread never mixes with the one the call started with. */
 typedef struct w4a16_device_state {
-    int ready;
     w4a16_status status; /* why the device cannot be used, or W4A16_OK */
-    char reason[256];
+    const char *reason;  /* the text of `status`, or the device's line of W4A16_LOG=1 */
     int sm_count;
     size_t smem_optin;      /* shared memory per block (opt-in limit) */
     int device_smem_per_sm; /* the device's shared memory per SM */
@@ -71,9 +73,31 @@ typedef struct w4a16_device_state {
     int log_level; /* W4A16_LOG at first use: 1 device choices, 2 also every GEMM's plan */
 } w4a16_device_state;
 
-/* Use profile `p` on the device of `st` (csrc/device.c); `forced`: chosen by W4A16_PROFILE / w4a16_force_profile,
- * then a smaller SM of the profile's architecture is emulated (smem_per_sm, carveout). */
+/* Fill the profile fields of a view not yet published: profile `p`; `forced` (by W4A16_PROFILE /
+ * w4a16_force_profile): a smaller SM of the profile's architecture is emulated (smem_per_sm, carveout). */
 W4A16_HIDDEN void w4a16_use_profile(w4a16_device_state *st, const w4a16_profile *p, int forced);
+
+#define W4A16_COUNT_ONE_(n) +1
+enum { W4A16_NUM_PROFILES = 0 W4A16_PROFILE_LIST(W4A16_COUNT_ONE_) };
+#undef W4A16_COUNT_ONE_
+
+/* The views of one device (csrc/device.c). `desc` (no profile) is filled once before anything is published; a view
+ * per (profile, forced) is built from it on first use and never changed after, so one published earlier stays whole
+ * for a call still reading it; `current` points to the view published last (release store, acquire load). Publishers
+ * are serialised by the caller; readers take no lock. Zero-initialised: nothing published. */
+typedef struct w4a16_device_views {
+    w4a16_device_state desc;
+    char reason[256]; /* desc.reason and every view's */
+    w4a16_device_state built[W4A16_NUM_PROFILES][2];
+    const w4a16_device_state *_Atomic current;
+} w4a16_device_views;
+
+/* The view of profile `p` (one of the table's), `forced` or not, built on first use; not published. */
+W4A16_HIDDEN const w4a16_device_state *w4a16_device_view(w4a16_device_views *v, const w4a16_profile *p, int forced);
+/* Publish `view` (desc or a view of w4a16_device_view) as the one later calls read. */
+W4A16_HIDDEN void w4a16_publish_view(w4a16_device_views *v, const w4a16_device_state *view);
+/* The view published last, or NULL before the first. */
+W4A16_HIDDEN const w4a16_device_state *w4a16_current_view(w4a16_device_views *v);
 
 /* The state of the current device; on error the status is recorded with its message and returned. */
 W4A16_HIDDEN w4a16_status w4a16_current_device(int *device, const w4a16_device_state **state);
@@ -118,5 +142,11 @@ W4A16_HIDDEN w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_
 /* a x b elements within the supported 2^40. */
 W4A16_HIDDEN w4a16_status w4a16_check_size(const char *what, long long a, long long b);
 W4A16_HIDDEN w4a16_status w4a16_check_group(int K, int group_size, int *resolved);
+/* Shapes of the converters: N % 64, K % k_multiple, in != out. */
+W4A16_HIDDEN w4a16_status w4a16_check_convert(const void *in, const void *out, int K, int N, int k_multiple);
+/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
+W4A16_HIDDEN int w4a16_group_shift(int G);
+/* W4A16_OK for cudaSuccess; else W4A16_ERR_LAUNCH_FAILED, recorded with `op` and the CUDA error of a launch. */
+W4A16_HIDDEN w4a16_status w4a16_launch_status(int err, const char *op);
 
 #endif

@@ -3,14 +3,9 @@
 #include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-
-static w4a16_status moe_launch_status(int err, const char *op) {
-    if (err == cudaSuccess) return W4A16_OK;
-    return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
-                      cudaGetErrorString((cudaError_t)err));
-}
 
 /* The routing shape: counts >= 1, E within the routing kernel's shared memory, entries and padding within int32. */
 static w4a16_status check_routing_shape(int num_tokens, int top_k, int num_experts, int block_size, int *entries,
@@ -80,9 +75,9 @@ w4a16_status w4a16_moe_align_block_size(const int32_t *topk_ids, int num_tokens,
                           "w4a16_moe_align_sizes() asks for",
                           blocks_capacity, cap / block_size);
     if ((s = w4a16_current_device(&device, &st))) return s;
-    return moe_launch_status(w4a16_launch_moe_align(topk_ids, n, num_experts, block_size, sorted_ids, sorted_capacity,
-                                                    expert_ids, blocks_capacity, num_tokens_post_padded, stream),
-                             "w4a16_moe_align_block_size");
+    return w4a16_launch_status(w4a16_launch_moe_align(topk_ids, n, num_experts, block_size, sorted_ids, sorted_capacity,
+                                                      expert_ids, blocks_capacity, num_tokens_post_padded, stream),
+                               "w4a16_moe_align_block_size");
 }
 
 /* Split-K workspace of the MoE GEMMs: a counter per tile, then the fp32 sums of every split of every tile, for at most
@@ -97,35 +92,60 @@ static size_t moe_workspace_bytes(int sm_count) {
 w4a16_status w4a16_moe_workspace_size(size_t *bytes) { return w4a16_workspace_query(bytes, moe_workspace_bytes); }
 
 /* K splits of the 16-row tile: only when the tiles (routing blocks x 64-channel tiles, counted from the routing
- * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots;
- * then as many splits as fill the slots once (two waves' worth was slower on every split row of the H100 benchmark),
- * at most 16, each with at least 5 of the tile's 128-k steps: a split costs a round trip through the workspace and
- * the last block's additions, which 3 k-steps per split did not repay (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
+ * buffers' capacity, which at decode sizes is close to the blocks that run) fill at most half the GPU's block slots
+ * (at most W4A16_MOE_SPLIT_SLOTS_PER_SM per SM, what the workspace holds); then as many splits as fill the slots once
+ * (two waves' worth was slower on every split row of the H100 benchmark), at most 16, each with at least 5 of the
+ * tile's 128-k steps: a split costs a round trip through the workspace and the last block's additions, which 3 k-steps
+ * per split did not repay (Qwen3-30B-A3B w2 at T = 1: 1.25x slower). */
 static int moe_splits(int sm_count, int per_sm, long long tiles, int K) {
     if (per_sm > W4A16_MOE_SPLIT_SLOTS_PER_SM) per_sm = W4A16_MOE_SPLIT_SLOTS_PER_SM;
-    const long long slots = (long long)sm_count * per_sm;
-    if (per_sm < 1 || tiles * 2 > slots) return 1;
-    long long s = slots / tiles;
-    const int nkt = (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK;
-    if (s > nkt / 5) s = nkt / 5;
-    if (s > 16) s = 16;
-    return s < 1 ? 1 : (int)s;
+    if (tiles > (long long)sm_count * per_sm) return 1; /* also keeps tiles within int below */
+    return w4a16_choose_splits(per_sm, (int)tiles, (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK, sm_count, 5);
 }
 
-/* log2(G) for a power of two; 31 otherwise (then G = K: every k is in group 0). */
-static int moe_group_shift(int G) {
-    if (G & (G - 1)) return 31;
-    int s = 0;
-    while ((1 << s) < G) s++;
-    return s;
+/* The kernels prepared on each device (shared-memory and carveout attributes set, w4a16_moe_prepare): per device and
+ * kernel (dtype, layout, tile, split), the shared memory and carveout it was prepared with and the resident blocks per
+ * SM the device then allows. A call prepares its kernel only when that differs (first use, another pipeline depth or
+ * carveout after a profile change), not on every call. */
+enum { MOE_MAX_DEVICES = 64, MOE_KERNELS = 2 * 2 * 3 * 2 };
+typedef struct moe_prepared {
+    int smem; /* 0: not prepared */
+    int carveout;
+    int occupancy;
+} moe_prepared;
+static moe_prepared moe_kernels[MOE_MAX_DEVICES][MOE_KERNELS];
+static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Prepares the kernel of launch `a` (the K-splitting one where `split`) on `device`, the current device, once;
+ * *occupancy: its resident blocks per SM. Returns the cudaError_t. */
+static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
+    const int tile = a->block_size <= 16 ? 0 : a->block_size <= 32 ? 1 : 2;
+    if (tile > 0) split = 0;
+    const int smem = w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages);
+    int err = cudaSuccess;
+    *occupancy = 0;
+    if (device < 0 || device >= MOE_MAX_DEVICES) return w4a16_moe_prepare(a, split, occupancy);
+    pthread_mutex_lock(&moe_kernels_lock);
+    moe_prepared *k = &moe_kernels[device][((a->dtype * 2 + a->layout) * 3 + tile) * 2 + (split != 0)];
+    if (k->smem != smem || k->carveout != a->carveout) {
+        int occ = 0;
+        err = w4a16_moe_prepare(a, split, &occ);
+        k->smem = err == cudaSuccess ? smem : 0;
+        k->carveout = a->carveout;
+        k->occupancy = occ;
+    }
+    if (err == cudaSuccess) *occupancy = k->occupancy;
+    pthread_mutex_unlock(&moe_kernels_lock);
+    return err;
 }
 
 /* Resident blocks per SM a MoE kernel is counted with: those the device gives it (its shared memory and the
  * carveout of an emulated SM set, as the launch sets them), at most what the profile's SM holds by shared memory, as
  * the dense plans count them (csrc/plan.c); 0 when the occupancy query fails (then K is not split). */
-static int moe_blocks_per_sm(const w4a16_device_state *st, const w4a16_moe_launch *a, int split, int *occupancy) {
+static int moe_blocks_per_sm(const w4a16_device_state *st, int device, const w4a16_moe_launch *a, int split,
+                             int *occupancy) {
     int occ = 0;
-    if (w4a16_moe_occupancy(a, split, &occ) != cudaSuccess) occ = 0;
+    if (moe_prepare(device, a, split, &occ) != cudaSuccess) occ = 0;
     const int by_smem =
         st->smem_per_sm / (w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages) + st->smem_reserved);
     *occupancy = occ;
@@ -148,7 +168,7 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     a->block_size = block_size;
     a->N = N;
     a->K = K;
-    a->gshift = moe_group_shift(G);
+    a->gshift = w4a16_group_shift(G);
     a->marlin_channelwise = layout == W4A16_LAYOUT_MARLIN && G == K;
     a->dtype = dtype;
     a->layout = layout;
@@ -161,11 +181,16 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
                           "%s: block_size=%d needs %d bytes of shared memory; device %d "
                           "allows %zu",
                           op, block_size, w4a16_moe_smem_bytes(block_size, layout, a->stages), device, st->smem_optin);
+    /* AWQ's 16-row tile runs channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): its weight
+     * rows are 32-byte pieces, which a 128-byte fetch serves to four neighbouring tiles only while they run together.
+     * The Marlin layout's pieces are 512 bytes: there the channel-fast order measured 0.97-1.09x the routing-fast one
+     * (slower on 8 of the 9 w2 rows at T = 16-256, H100) */
+    a->n_fast = layout == W4A16_LAYOUT_AWQ && block_size <= 16 && a->grid_blocks <= 65535;
     a->splits = 1;
     *blocks_per_sm = *occupancy = 0;
     if (workspace_bytes > 0 && block_size <= 16) { /* only the 16-row tile splits K */
         const long long tiles = (long long)a->grid_blocks * ((N + 63) / 64);
-        *blocks_per_sm = moe_blocks_per_sm(st, a, 1, occupancy);
+        *blocks_per_sm = moe_blocks_per_sm(st, device, a, 1, occupancy);
         a->splits = moe_splits(st->sm_count, *blocks_per_sm, tiles, K);
     }
     return W4A16_OK;
@@ -175,8 +200,10 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
 static void moe_plan_text(const w4a16_moe_launch *a, int blocks_per_sm, char *buf, size_t size) {
     const int rows = a->block_size <= 16 ? 16 : a->block_size <= 32 ? 32 : 64;
     const int bn = rows == 16 ? 64 : rows == 32 ? 128 : 256;
+    const int ntiles = (a->N + bn - 1) / bn;
     int n = snprintf(buf, size, "%d-row tile (%d stages), %d K split%s, grid %dx%dx%d, %d bytes shared", rows,
-                     a->stages, a->splits, a->splits > 1 ? "s" : "", a->grid_blocks, (a->N + bn - 1) / bn, a->splits,
+                     a->stages, a->splits, a->splits > 1 ? "s" : "", a->n_fast ? ntiles : a->grid_blocks,
+                     a->n_fast ? a->grid_blocks : ntiles, a->splits,
                      w4a16_moe_smem_bytes(a->block_size, a->layout, a->stages));
     if (blocks_per_sm > 0 && n > 0 && (size_t)n < size)
         n += snprintf(buf + n, size - n, ", %d block%s/SM", blocks_per_sm, blocks_per_sm > 1 ? "s" : "");
@@ -256,7 +283,9 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         fprintf(stderr, "w4a16: %s M=%d top_k=%d E=%d N=%d K=%d G=%d %s: %s\n", op, M, top_k, E, N, K, G,
                 dtype ? "bf16" : "fp16", text);
     }
-    return moe_launch_status(w4a16_launch_moe_gemm(&a), op);
+    int occ, err = moe_prepare(device, &a, a.splits > 1, &occ);
+    if (err == cudaSuccess) err = w4a16_launch_moe_gemm(&a);
+    return w4a16_launch_status(err, op);
 }
 
 w4a16_status w4a16_moe_marlin_gemm(const void *A, const int32_t *weight, const void *scales, const int32_t *zeros,
@@ -304,15 +333,15 @@ w4a16_status w4a16_moe_gemm_plan(int marlin, int sorted_capacity, int block_size
     if ((s = moe_plan(st, device, layout, dtype, block_size, sorted_capacity, N, K, G, workspace_bytes,
                       "w4a16_moe_gemm_plan", &a, &blocks_per_sm, &occupancy)))
         return s;
-    if (a.splits == 1) blocks_per_sm = moe_blocks_per_sm(st, &a, 0, &occupancy); /* the kernel that runs */
+    if (a.splits == 1) blocks_per_sm = moe_blocks_per_sm(st, device, &a, 0, &occupancy); /* the kernel that runs */
     const int rows = block_size <= 16 ? 16 : block_size <= 32 ? 32 : 64;
     memset(info, 0, sizeof *info);
     snprintf(info->kernel, sizeof info->kernel, "moe-%d", rows);
     info->config = rows;
     info->stages = a.stages;
     info->splits = a.splits;
-    info->grid[0] = a.grid_blocks;
-    info->grid[1] = (N + 4 * rows - 1) / (4 * rows);
+    info->grid[a.n_fast] = a.grid_blocks; /* the launch's order: channel tiles in x where n_fast */
+    info->grid[!a.n_fast] = (N + 4 * rows - 1) / (4 * rows);
     info->grid[2] = a.splits;
     info->threads = W4A16_MOE_THREADS;
     info->smem_bytes = w4a16_moe_smem_bytes(block_size, layout, a.stages);
@@ -329,10 +358,8 @@ w4a16_status w4a16_moe_gemm_plan(int marlin, int sorted_capacity, int block_size
  * multiple of 16 under the shape rules) */
 static w4a16_status check_stack(const void *in, const void *out, int E, int K, int N, int k_multiple) {
     w4a16_status s;
-    if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
-    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
+    if ((s = w4a16_check_convert(in, out, K, N, k_multiple))) return s;
     if (E < 1) return w4a16_fail(W4A16_ERR_INVALID_SHAPE, "num_experts=%d must be at least 1", E);
-    if ((s = w4a16_check_gemm_shape(1, N, K, -1, k_multiple, NULL))) return s;
     return w4a16_check_size("W[E,K,N]", (long long)E * K, N);
 }
 
@@ -348,7 +375,7 @@ w4a16_status w4a16_moe_marlin_repack_awq(const int32_t *awq_qweight, int32_t *ma
     const size_t words = (size_t)K * N / 8;
     for (int e = 0; e < num_experts; e++) {
         int err = w4a16_launch_repack_awq(awq_qweight + e * words, marlin_weight + e * words, K, N, stream);
-        if (err) return moe_launch_status(err, "w4a16_moe_marlin_repack_awq");
+        if (err) return w4a16_launch_status(err, "w4a16_moe_marlin_repack_awq");
     }
     return W4A16_OK;
 }
@@ -366,7 +393,7 @@ w4a16_status w4a16_moe_marlin_repack_gptq(const int32_t *gptq_qweight, const int
     for (int e = 0; e < num_experts; e++) {
         int err = w4a16_launch_repack_gptq(gptq_qweight + e * words, perm ? perm + (size_t)e * K : NULL,
                                            marlin_weight + e * words, K, N, stream);
-        if (err) return moe_launch_status(err, "w4a16_moe_marlin_repack_gptq");
+        if (err) return w4a16_launch_status(err, "w4a16_moe_marlin_repack_gptq");
     }
     return W4A16_OK;
 }
@@ -384,7 +411,7 @@ w4a16_status w4a16_moe_marlin_permute_scales(const void *scales, void *marlin_sc
     for (int e = 0; e < num_experts; e++) {
         int err = w4a16_launch_permute_scales((const char *)scales + e * bytes, (char *)marlin_scales + e * bytes,
                                               K / G, N, G == K, stream);
-        if (err) return moe_launch_status(err, "w4a16_moe_marlin_permute_scales");
+        if (err) return w4a16_launch_status(err, "w4a16_moe_marlin_permute_scales");
     }
     return W4A16_OK;
 }
@@ -401,7 +428,7 @@ w4a16_status w4a16_moe_marlin_awq_zero_points(const int32_t *awq_qzeros, int32_t
     const size_t words = (size_t)(K / G) * N / 8;
     for (int e = 0; e < num_experts; e++) {
         int err = w4a16_launch_awq_zero_points(awq_qzeros + e * words, marlin_zeros + e * words, K / G, N, stream);
-        if (err) return moe_launch_status(err, "w4a16_moe_marlin_awq_zero_points");
+        if (err) return w4a16_launch_status(err, "w4a16_moe_marlin_awq_zero_points");
     }
     return W4A16_OK;
 }

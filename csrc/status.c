@@ -1,5 +1,6 @@
 /* Version, status sentences and the thread-local last-error message. */
 #include "internal.h"
+#include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,4 +35,10 @@ w4a16_status w4a16_fail(w4a16_status status, const char *fmt, ...) {
     vsnprintf(last_message, sizeof last_message, fmt, ap);
     va_end(ap);
     return status;
+}
+
+w4a16_status w4a16_launch_status(int err, const char *op) {
+    if (err == cudaSuccess) return W4A16_OK;
+    return w4a16_fail(W4A16_ERR_LAUNCH_FAILED, "%s: kernel launch failed: %s", op,
+                      cudaGetErrorString((cudaError_t)err));
 }

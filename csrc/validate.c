@@ -52,3 +52,17 @@ w4a16_status w4a16_check_gemm_shape(int M, int N, int K, int group_size, int k_m
     int g;
     return w4a16_check_group(K, group_size, resolved_group ? resolved_group : &g);
 }
+
+int w4a16_group_shift(int G) {
+    if (G & (G - 1)) return 31;
+    int s = 0;
+    while ((1 << s) < G) s++;
+    return s;
+}
+
+w4a16_status w4a16_check_convert(const void *in, const void *out, int K, int N, int k_multiple) {
+    w4a16_status s;
+    if ((s = w4a16_check_ptr(in, "input", 16, 1)) || (s = w4a16_check_ptr(out, "output", 16, 1))) return s;
+    if (in == out) return w4a16_fail(W4A16_ERR_INVALID_VALUE, "input and output are the same buffer (%p)", in);
+    return w4a16_check_gemm_shape(1, N, K, -1, k_multiple, NULL);
+}

@@ -126,7 +126,8 @@ W4A16_API w4a16_status w4a16_get_device_info(int device, w4a16_device_info *info
  * carveout), so that as many blocks run per SM as would there. (Testing override: W4A16_FAKE_DRIVER_VERSION=12020
  * makes w4a16 act as if the driver supported only CUDA 12.2.)
  * Returns W4A16_ERR_INVALID_VALUE for an unknown name, W4A16_ERR_PROFILE_UNAVAILABLE when the
- * profile's tiles need more shared memory than the device has (the previous choice stays). */
+ * profile's tiles need more shared memory than the device has (the previous choice stays). Safe while other threads
+ * run GEMMs on the device: each call plans with the profile in force when it started, never a mix of two. */
 W4A16_API w4a16_status w4a16_force_profile(const char *name);
 
 /* Names of all profiles, NULL-terminated. */

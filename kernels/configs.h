@@ -118,8 +118,13 @@ static inline int w4a16_cfg_threads(const w4a16_gemm_config *c) { return 32 * c-
 
 /* Bytes of a stage's packed weights in a weight format (kernels/formats.cuh, WeightTile::B_BYTES): bk / KROW stored
  * rows of row_words(bn) + PAD_WORDS words (AWQ: rows of k, padded by 4 words so the 4 row loads of a fragment hit
- * distinct banks; Marlin: rows of 16 k). */
-static inline int w4a16_format_stage_bytes(int layout, int bk, int bn) {
+ * distinct banks; Marlin: rows of 16 k). constexpr in C++: kernels/gemm_instance.cu checks it against B_BYTES. */
+#ifdef __cplusplus
+#define W4A16_CONSTEXPR_ constexpr
+#else
+#define W4A16_CONSTEXPR_
+#endif
+static inline W4A16_CONSTEXPR_ int w4a16_format_stage_bytes(int layout, int bk, int bn) {
     return layout == W4A16_LAYOUT_AWQ ? bk * (bn / 8 + 4) * 4 : (bk / 16) * (2 * bn) * 4;
 }
 

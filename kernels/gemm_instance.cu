@@ -11,7 +11,11 @@ namespace w4a16 {
 // have the tile kernel only. A kind a config was not compiled for yields no kernel.
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 GemmKernelRef select_tile(int kind) {
-    constexpr int THREADS = 32 * WM * NH * WN * WK;
+    constexpr int THREADS = 32 * WM * NH * WN * WK, BN = 64 * WN, BK = 16 * WK * KS;
+    // The host (plans, launches) sizes a stage with its own formula for the weight tile: it must agree with the tile
+    // for every config and format compiled, or a kernel would run past the shared memory it was given.
+    static_assert(WeightTile<T, LAYOUT, BN, BK, NH, THREADS>::B_BYTES == w4a16_format_stage_bytes(LAYOUT, BK, BN),
+                  "configs.h w4a16_format_stage_bytes differs from tiles.cuh WeightTile::B_BYTES");
     if constexpr (MT == 1 && WM == 1 && NH == 1) {
         if (kind == W4A16_KERNEL_DECODE8) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, 1>, THREADS, 0};
         if constexpr (MINB <= W4A16_DECODE16_MAX_MINB) {

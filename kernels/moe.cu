@@ -113,8 +113,23 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static constexpr int B_PER = B_ROWS * B_CPR / THREADS;
     static_assert(A_PER * THREADS == BM * (BK / 8) && B_PER * THREADS == B_ROWS * B_CPR, "whole chunks per thread");
     static_assert(SLOTS * (BN / 8) <= 64 && SLOTS * (BN / 32) <= 32, "scale and zero-point copy threads");
-    static int smem(int stages) { return stages * STAGE > RED ? stages * STAGE : RED; }
+    // WK = 1: the output tile staged in T for the epilogue's copy, rows padded by 8 (16 bytes) so that a fragment's
+    // 8 rows hit distinct banks
+    static constexpr int SROW = BN + 8, OUT = WK == 1 ? BM * SROW * 2 : 0;
+    static int smem(int stages) {
+        const int m = stages * STAGE > RED ? stages * STAGE : RED;
+        return m > OUT ? m : OUT;
+    }
 };
+
+// cp.async of a weight chunk with the L2 prefetch size 128B: an AWQ row of the 16-row tile is a 32-byte piece whose
+// neighbours belong to the next channel tiles, which run at the same time (channel-fast grid), so one 128-byte fetch
+// serves four blocks.
+__device__ __forceinline__ void cp_async16_l2_128(void *smem, const void *gmem, bool pred) {
+    uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
 
 // SPLIT: K split across gridDim.z blocks (a separate instance, so the unsplit kernels carry none of its code).
 template <typename T, int LAYOUT, int MT, int WN, int KS, bool SPLIT>
@@ -129,7 +144,11 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
     const int wn = warp % WN, wk = warp / WN;
-    const int blk = blockIdx.x, n0 = blockIdx.y * BN, bs = p.block_size;
+    // grid: routing blocks x channel tiles, channel tiles fastest where n_fast (the blocks that run together then
+    // read neighbouring pieces of one expert's weights, and the same gathered rows)
+    const bool n_fast = p.n_fast != 0;
+    const int blk = n_fast ? blockIdx.y : blockIdx.x, ntile = n_fast ? blockIdx.x : blockIdx.y;
+    const int n0 = ntile * BN, bs = p.block_size;
     // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
     // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them)
     const int npp = *p.num_post_padded, e = p.expert_ids[blk];
@@ -146,13 +165,15 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
     const T *A = static_cast<const T *>(p.A);
 
-    // ---- per-thread copy plans. Chunks past K (a K tail, K % BK = 64) or past N are zero-filled: zero activations
-    // and finite dequantised zero weights add nothing.
+    // ---- per-thread copy plans. k-tiles are issued in order, one at a time, so each chunk's source pointer advances
+    // by one k-tile per issue and a chunk is inside K while the k-tile's first k is below its limit. Chunks past K
+    // (a K tail, K % BK = 64) or past N are zero-filled: zero activations and finite dequantised zero weights add
+    // nothing.
     const uint32_t *B = static_cast<const uint32_t *>(p.B);
     const uint32_t *b_src[TL::B_PER];
-    int b_k[TL::B_PER]; // first k of the chunk's row, -1 past N
+    int b_lim[TL::B_PER]; // the chunk is copied while k0 < b_lim: K - (first k of its row), 0 past N
     uint32_t b_dst[TL::B_PER];
-    size_t b_step;
+    const size_t b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
 #pragma unroll
     for (int i = 0; i < TL::B_PER; i++) {
         const int c = tid + i * THREADS, row = c / TL::B_CPR, ch = c % TL::B_CPR;
@@ -160,15 +181,15 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             const bool on = n0 + ch * 32 < N;
             b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)row * (N / 8) + n0 / 8 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * SB + ch * 4) * 4;
-            b_k[i] = on ? row : -1;
+            b_lim[i] = on ? K - row : 0;
         } else {
             const bool on = n0 + ch * 2 < N;
             b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)row * (2 * N) + 2 * n0 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * 2 * BN + ch * 4) * 4;
-            b_k[i] = on ? 16 * row : -1;
+            b_lim[i] = on ? K - 16 * row : 0;
         }
+        b_src[i] += (size_t)kt0 * b_step;
     }
-    b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
     const T *s_base = nullptr;
     int s_sl = 0;
     uint32_t s_dsto = 0;
@@ -188,18 +209,22 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
         z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
     }
-    auto issue_w = [&](int kt, unsigned char *st) { // weights, scales, zero points of k-tile kt
-        const int k0 = kt * BK, g0 = k0 >> gshift;
+    auto issue_w = [&](int k0, unsigned char *st) { // weights, scales, zero points of the next k-tile (first k k0)
+        const int g0 = k0 >> gshift;
 #pragma unroll
         for (int i = 0; i < TL::B_PER; i++) {
-            const bool ok = b_k[i] >= 0 && k0 + b_k[i] < K;
-            cp_async16(st + b_dst[i], ok ? b_src[i] + (size_t)kt * b_step : B, ok);
+            const bool ok = k0 < b_lim[i];
+            if (LAYOUT == W4A16_LAYOUT_AWQ && MT == 1 && n_fast)
+                cp_async16_l2_128(st + b_dst[i], ok ? b_src[i] : B, ok);
+            else
+                cp_async16(st + b_dst[i], ok ? b_src[i] : B, ok);
+            b_src[i] += b_step;
         }
         if (s_base) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
         if (z_base) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
     };
     // the first stages' weights need only the expert: they are on their way while the rows are gathered
-    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(kt0 + s, smem + s * STAGE);
+    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w((kt0 + s) * BK, smem + s * STAGE);
     if (tid < BM) {
         const bool ok = id >= 0 && id < p.M * p.top_k;
         s_src[tid] = ok ? id / p.top_k : -1;
@@ -207,21 +232,21 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     }
     __syncthreads();
     const T *a_src[TL::A_PER];
-    int a_k[TL::A_PER]; // first k of the chunk, -1 for padding rows
+    int a_lim[TL::A_PER]; // copied while k0 < a_lim: K - (first k of the chunk), 0 for padding rows
     uint32_t a_dst[TL::A_PER];
 #pragma unroll
     for (int i = 0; i < TL::A_PER; i++) {
         const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
-        a_k[i] = src >= 0 ? ch * 8 : -1;
-        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8;
+        a_lim[i] = src >= 0 ? K - ch * 8 : 0;
+        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8 + (size_t)kt0 * BK;
         a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
     }
-    auto issue_a = [&](int kt, unsigned char *st) { // the gathered activation rows of k-tile kt
-        const int k0 = kt * BK;
+    auto issue_a = [&](int k0, unsigned char *st) { // the gathered activation rows of the next k-tile
 #pragma unroll
         for (int i = 0; i < TL::A_PER; i++) {
-            const bool ok = a_k[i] >= 0 && k0 + a_k[i] < K;
-            cp_async16(st + a_dst[i], ok ? a_src[i] + k0 : A, ok);
+            const bool ok = k0 < a_lim[i];
+            cp_async16(st + a_dst[i], ok ? a_src[i] : A, ok);
+            a_src[i] += BK;
         }
     };
 
@@ -234,7 +259,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
-        if (s < nk) issue_a(kt0 + s, smem + s * STAGE);
+        if (s < nk) issue_a((kt0 + s) * BK, smem + s * STAGE);
         cp_async_commit();
     }
     const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
@@ -258,17 +283,28 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     };
     GroupConst<T> gc[8];
     int cur_group = -1;
-    for (int i = 0; i < nk; i++) {
-        cp_async_wait_dyn(stages - 2);
+    // ring of stage buffers without divisions (the depth is a run-time profile value): the stage read at step i and
+    // the one refilled (read at step i - 1)
+    unsigned char *const ring_end = smem + stages * STAGE;
+    unsigned char *rd = smem, *wr = smem + (stages - 1) * STAGE;
+    int k0 = kt0 * BK, k_next = (kt0 + stages - 1) * BK;
+    for (int i = 0; i < nk; i++, k0 += BK) {
+        if (stages == 4)
+            cp_async_wait<2>();
+        else if (stages == 3)
+            cp_async_wait<1>();
+        else
+            cp_async_wait_dyn(stages - 2);
         __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
         if (i + stages - 1 < nk) {
-            unsigned char *nx = smem + ((i + stages - 1) % stages) * STAGE;
-            issue_w(kt0 + i + stages - 1, nx);
-            issue_a(kt0 + i + stages - 1, nx);
+            issue_w(k_next, wr);
+            issue_a(k_next, wr);
+            k_next += BK;
         }
         cp_async_commit();
-        const unsigned char *st = smem + (i % stages) * STAGE;
-        const int k0 = (kt0 + i) * BK;
+        wr = wr + STAGE == ring_end ? smem : wr + STAGE;
+        const unsigned char *st = rd;
+        rd = rd + STAGE == ring_end ? smem : rd + STAGE;
         uint32_t fr[2][4]; // packed weights of two k16 steps
         fetch(st, wk * KS, fr[0]);
 #pragma unroll
@@ -351,6 +387,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     // ---- epilogue: (acc + bias[e]) * topk_weights to the pairs' rows of C
     T *C = static_cast<T *>(p.C);
     const T *brow = p.bias ? static_cast<const T *>(p.bias) + (size_t)e * N : nullptr;
+    // Marlin: one n8 block's sums (rows r, r + 8; columns 8j + 2q, + 1), stored as column pairs
     auto store = [&](int mt, int j, int col_base, float4 sum) {
         for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
             const int dst = s_dst[mt * 16 + r + 8 * h];
@@ -358,32 +395,96 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
             T *crow = C + (size_t)dst * N;
             const float v[2] = {h ? sum.z : sum.x, h ? sum.w : sum.y};
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                for (int c2 = 0; c2 < 2; c2++) { // C slot 2q + c2 of block j: column 16q + 8 c2 + ORDER[j]
-                    const int c = col_base + 16 * q + 8 * c2 + awq_order(j);
-                    const float x = v[c2] + (brow ? D::to_float(brow[c]) : 0.f);
-                    crow[c] = D::from_float(x * tw);
-                }
-            } else {
-                const int c = col_base + 8 * j + 2 * q;
-                const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
-                const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
-                typename D::T2 o;
-                o.x = D::from_float(x0 * tw);
-                o.y = D::from_float(x1 * tw);
-                *reinterpret_cast<typename D::T2 *>(crow + c) = o;
-            }
+            const int c = col_base + 8 * j + 2 * q;
+            const float x0 = v[0] + (brow ? D::to_float(brow[c]) : 0.f);
+            const float x1 = v[1] + (brow ? D::to_float(brow[c + 1]) : 0.f);
+            typename D::T2 o;
+            o.x = D::from_float(x0 * tw);
+            o.y = D::from_float(x1 * tw);
+            *reinterpret_cast<typename D::T2 *>(crow + c) = o;
         }
     };
+    // AWQ: C slot 2q + c2 of block j is column 16q + 8 c2 + ORDER[j], so over the 8 blocks a lane holds 8 contiguous
+    // columns of row r + 8h for each c2: one 16-byte store instead of 8 scattered 2-byte ones. x[o]: column
+    // 16q + 8 c2 + o, the sum of component 2h + c2 of block awq_reverse(o).
+    auto store_awq = [&](int mt, int h, int c2, int col_base, const float(&x)[8]) {
+        const int dst = s_dst[mt * 16 + r + 8 * h];
+        if (dst < 0) return;
+        const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
+        const int c0 = col_base + 16 * q + 8 * c2;
+        uint32_t w[4];
+#pragma unroll
+        for (int o = 0; o < 8; o += 2) {
+            float x0 = x[o], x1 = x[o + 1];
+            if (brow) { // bias is only 4-byte aligned: column pairs
+                const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(brow + c0 + o);
+                x0 += D::to_float(bv.x);
+                x1 += D::to_float(bv.y);
+            }
+            typename D::T2 v;
+            v.x = D::from_float(x0 * tw);
+            v.y = D::from_float(x1 * tw);
+            w[o / 2] = as_u32(v);
+        }
+        *reinterpret_cast<uint4 *>(C + (size_t)dst * N + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+    };
     if constexpr (WK == 1) {
-        const int col_base = n0 + wn * 64;
-        if (col_base >= N) return;
+        // the block's outputs ((acc + bias) * topk weight, in T) staged in shared memory, then copied out as whole
+        // 16-byte chunks of each routed row: 8 lanes write 128 contiguous bytes, where the fragments hold 4 bytes
+        // (Marlin) or 16 bytes (AWQ) of each of 8 rows
+        constexpr int SROW = TL::SROW;
+        T *stg = reinterpret_cast<T *>(smem);
+        __syncthreads();        // every warp is done with the pipeline buffers
+        const int cw = wn * 64; // the warp's 64 columns in the tile
+        if (n0 + cw < N) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (mt * 16 >= bs) break;
+            for (int mt = 0; mt < MT; mt++) {
+                if (mt * 16 >= bs) break;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                store(mt, j, col_base, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+                for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile: accumulator components 2h, 2h + 1
+                    const int row = mt * 16 + r + 8 * h, dst = s_dst[row];
+                    if (dst < 0) continue;
+                    const float tw = p.topk_weights ? p.topk_weights[dst] : 1.f;
+                    T *srow = stg + row * SROW + cw;
+                    const T *bcol = brow ? brow + n0 + cw : nullptr;
+                    auto pair = [&](int c, float x0, float x1) { // columns c, c + 1 (bias only 4-byte aligned)
+                        if (bcol) {
+                            const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bcol + c);
+                            x0 += D::to_float(bv.x);
+                            x1 += D::to_float(bv.y);
+                        }
+                        typename D::T2 v;
+                        v.x = D::from_float(x0 * tw);
+                        v.y = D::from_float(x1 * tw);
+                        return as_u32(v);
+                    };
+                    if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+#pragma unroll
+                        for (int c2 = 0; c2 < 2; c2++) { // columns 16q + 8 c2 + o: block awq_reverse(o), slot c2
+                            const int c = 16 * q + 8 * c2;
+                            uint32_t w[4];
+#pragma unroll
+                            for (int o = 0; o < 8; o += 2)
+                                w[o / 2] = pair(c + o, acc[mt][awq_reverse(o)][2 * h + c2],
+                                                acc[mt][awq_reverse(o + 1)][2 * h + c2]);
+                            *reinterpret_cast<uint4 *>(srow + c) = make_uint4(w[0], w[1], w[2], w[3]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) // columns 8j + 2q, + 1
+                            *reinterpret_cast<uint32_t *>(srow + 8 * j + 2 * q) =
+                                pair(8 * j + 2 * q, acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        constexpr int CPR = BN / 8; // 16-byte chunks per staged row
+        for (int i = tid; i < BM * CPR; i += THREADS) {
+            const int row = i / CPR, cc = i % CPR, dst = s_dst[row]; // rows past the block's are -1
+            if (dst < 0 || n0 + cc * 8 >= N) continue;
+            *reinterpret_cast<uint4 *>(C + (size_t)dst * N + n0 + cc * 8) =
+                *reinterpret_cast<const uint4 *>(stg + row * SROW + cc * 8);
         }
     } else {
         __syncthreads(); // the pipeline buffers become the reduction buffer
@@ -402,12 +503,33 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             for (int w = 1; w < WK; w++) add4(sum, red[(((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane]);
             return sum;
         };
+        // AWQ stores a lane's 8 contiguous columns of one row: units (channel group gn, m16 tile mt, accumulator
+        // component hc = 2h + c2) shared among the warps, each adding one component of the 8 blocks' sums
+        constexpr int UNITS = WN * MT * 4;
+        const float *redf = reinterpret_cast<const float *>(smem);
         if constexpr (!SPLIT) {
-            // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
-            for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
-                const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-                if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
-                store(mt, j, n0 + gn * 64, warp_sum(gn, mt, j));
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                for (int u = warp; u < UNITS; u += WARPS) {
+                    const int hc = u % 4, mt = (u / 4) % MT, gn = u / (4 * MT);
+                    if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+                    float x[8];
+#pragma unroll
+                    for (int o = 0; o < 8; o++) {
+                        const int j = awq_reverse(o);
+                        x[o] = redf[((((0 * WN + gn) * MT + mt) * 8 + j) * 32 + lane) * 4 + hc];
+#pragma unroll
+                        for (int w = 1; w < WK; w++)
+                            x[o] += redf[((((w * WN + gn) * MT + mt) * 8 + j) * 32 + lane) * 4 + hc];
+                    }
+                    store_awq(mt, hc / 2, hc % 2, n0 + gn * 64, x);
+                }
+            } else {
+                // the WN x MT x 8 n8 blocks shared among the 4 warps; each sums the K-split warps' parts in warp order
+                for (int bl = warp; bl < WN * MT * 8; bl += WARPS) {
+                    const int j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                    if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+                    store(mt, j, n0 + gn * 64, warp_sum(gn, mt, j));
+                }
             }
         } else {
             // as above into registers (NSL n8 blocks per warp: warp + 4 sl), then this split's sums to the workspace;
@@ -421,7 +543,8 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
                 live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
                 out[sl] = warp_sum(gn, mt, j);
             }
-            const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+            const int nblk = n_fast ? (int)gridDim.y : (int)gridDim.x;
+            const int tile = ntile * nblk + blk;
             float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
 #pragma unroll
             for (int sl = 0; sl < NSL; sl++)
@@ -437,15 +560,40 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             __syncthreads();
             if (!s_last) return;
             __threadfence();
+            // block bl's sums over the splits, in split order: the same bits whichever block is last
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                // each warp adds its blocks' splits, then the totals go through shared memory (the reduction buffer,
+                // read before the barriers above) to the wide stores
+                float4 *tot = reinterpret_cast<float4 *>(smem);
 #pragma unroll
-            for (int sl = 0; sl < NSL; sl++) {
-                if (!live[sl]) continue;
-                const float4 *src = all + (warp + WARPS * sl) * 32;
-                float4 sum = __ldcg(src);
-                for (int sp = 1; sp < splits; sp++) // split order: the same sum whichever block is last
-                    add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
-                const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-                store(mt, j, n0 + gn * 64, sum);
+                for (int sl = 0; sl < NSL; sl++) {
+                    if (!live[sl]) continue;
+                    const int bl = warp + WARPS * sl;
+                    const float4 *src = all + bl * 32;
+                    float4 sum = __ldcg(src);
+                    for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
+                    tot[bl * 32 + lane] = sum;
+                }
+                __syncthreads();
+                for (int u = warp; u < UNITS; u += WARPS) {
+                    const int hc = u % 4, mt = (u / 4) % MT, gn = u / (4 * MT);
+                    if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
+                    float x[8];
+#pragma unroll
+                    for (int o = 0; o < 8; o++)
+                        x[o] = redf[((((gn * MT + mt) * 8 + awq_reverse(o)) * 32) + lane) * 4 + hc];
+                    store_awq(mt, hc / 2, hc % 2, n0 + gn * 64, x);
+                }
+            } else {
+#pragma unroll
+                for (int sl = 0; sl < NSL; sl++) {
+                    if (!live[sl]) continue;
+                    const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
+                    const float4 *src = all + bl * 32;
+                    float4 sum = __ldcg(src);
+                    for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
+                    store(mt, j, n0 + gn * 64, sum);
+                }
             }
         }
     }
@@ -463,38 +611,38 @@ template <int LAYOUT, int MT> int smem_of(int stages) {
     return Tile<LAYOUT, MT, Cfg<MT>::WN, Cfg<MT>::KS>::smem(stages);
 }
 
-// The kernel of a launch (the K-splitting one where `split`, 16-row tile only), with its shared memory and the plan's
-// carveout set, as the launch and the occupancy query need it.
+// The kernel of a launch (the K-splitting one where `split`, 16-row tile only) and its dynamic shared memory.
 template <typename T, int LAYOUT, int MT>
-cudaError_t prepare(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
+void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
     constexpr int WN = Cfg<MT>::WN, KS = Cfg<MT>::KS;
     *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
     if constexpr (MT == 1) // only the 16-row tile splits K
         if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
     *smem = smem_of<LAYOUT, MT>(a.stages);
-    return (cudaError_t)w4a16_set_kernel_smem((const void *)*kern, *smem, a.carveout);
 }
 
+// Launches the kernel csrc/moe.c prepared (its shared memory and carveout attributes set on this device).
 template <typename T, int LAYOUT, int MT> cudaError_t launch(const w4a16_moe_launch &a) {
     constexpr int BN = 64 * Cfg<MT>::WN;
     void (*kern)(w4a16_moe_launch);
     int smem;
-    cudaError_t err = prepare<T, LAYOUT, MT>(a, a.splits > 1, &kern, &smem);
-    if (err != cudaSuccess) return err;
+    kernel_of<T, LAYOUT, MT>(a, a.splits > 1, &kern, &smem);
     // cudaLaunchKernelEx returns this launch's own status, where <<<>>> + cudaGetLastError would also report (and
     // clear) an earlier error of someone else's
     cudaLaunchConfig_t c = {};
-    c.gridDim = dim3(a.grid_blocks, (a.N + BN - 1) / BN, a.splits);
+    const unsigned ntiles = (a.N + BN - 1) / BN;
+    c.gridDim = a.n_fast ? dim3(ntiles, a.grid_blocks, a.splits) : dim3(a.grid_blocks, ntiles, a.splits);
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem;
     c.stream = static_cast<cudaStream_t>(a.stream);
     return cudaLaunchKernelEx(&c, kern, a);
 }
 
-template <typename T, int LAYOUT, int MT> cudaError_t occupancy(const w4a16_moe_launch &a, bool split, int *n) {
+template <typename T, int LAYOUT, int MT> cudaError_t prepare(const w4a16_moe_launch &a, bool split, int *n) {
     void (*kern)(w4a16_moe_launch);
     int smem;
-    cudaError_t err = prepare<T, LAYOUT, MT>(a, split, &kern, &smem);
+    kernel_of<T, LAYOUT, MT>(a, split, &kern, &smem);
+    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kern, smem, a.carveout);
     if (err != cudaSuccess) return err;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, THREADS, smem);
 }
@@ -511,10 +659,10 @@ template <typename T, int LAYOUT> cudaError_t launch_mt(const w4a16_moe_launch &
     return launch<T, LAYOUT, 4>(a);
 }
 
-template <typename T, int LAYOUT> cudaError_t occupancy_mt(const w4a16_moe_launch &a, bool split, int *n) {
-    if (a.block_size <= 16) return occupancy<T, LAYOUT, 1>(a, split, n);
-    if (a.block_size <= 32) return occupancy<T, LAYOUT, 2>(a, split, n);
-    return occupancy<T, LAYOUT, 4>(a, split, n);
+template <typename T, int LAYOUT> cudaError_t prepare_mt(const w4a16_moe_launch &a, bool split, int *n) {
+    if (a.block_size <= 16) return prepare<T, LAYOUT, 1>(a, split, n);
+    if (a.block_size <= 32) return prepare<T, LAYOUT, 2>(a, split, n);
+    return prepare<T, LAYOUT, 4>(a, split, n);
 }
 
 } // namespace moe
@@ -545,14 +693,14 @@ extern "C" int w4a16_moe_smem_bytes(int block_size, int layout, int stages) {
                      : smem_of<W4A16_LAYOUT_MARLIN, 4>(stages);
 }
 
-extern "C" int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
+extern "C" int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
     using namespace w4a16::moe;
     const bool sp = split != 0;
     if (a->dtype == 0)
-        return a->layout == W4A16_LAYOUT_AWQ ? occupancy_mt<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                             : occupancy_mt<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
-    return a->layout == W4A16_LAYOUT_AWQ ? occupancy_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                         : occupancy_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+        return a->layout == W4A16_LAYOUT_AWQ ? prepare_mt<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                             : prepare_mt<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+    return a->layout == W4A16_LAYOUT_AWQ ? prepare_mt<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
+                                         : prepare_mt<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {

@@ -30,17 +30,21 @@ typedef struct w4a16_moe_launch {
     int dtype, layout, stages;
     int carveout;   /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
     int splits;     /* K split across gridDim.z blocks (block_size <= 16 only); 1: no split */
+    int n_fast;     /* grid x = channel tiles, y = routing blocks (else the other way round) */
     int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / 64), zero between calls */
     void *partials; /* workspace: splits x 16 x 64 fp32 sums per tile */
     void *stream;
 } w4a16_moe_launch;
 
+/* Launches the grouped GEMM; its kernel must have been prepared on this device (w4a16_moe_prepare) for the launch's
+ * tile, layout, dtype, split, stages and carveout. */
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
 /* Dynamic shared memory of the MoE GEMM for block_size rows, a layout and a pipeline depth. */
 int w4a16_moe_smem_bytes(int block_size, int layout, int stages);
-/* Resident blocks per SM the device gives the launch's kernel (the K-splitting one where `split`, block_size <= 16),
- * with its shared memory and carveout set as the launch sets them; returns the cudaError_t. */
-int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
+/* Sets the dynamic shared memory and carveout attributes of the launch's kernel (the K-splitting one where `split`,
+ * block_size <= 16) on the current device, as its launch needs them, and gives the resident blocks per SM the device
+ * allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached). */
+int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
 /* Block slots per SM the split-K workspace is sized for, and the fp32 sums of one tile (16 rows x 64 channels). */
 /* The k of one pipeline stage of that tile. */
 enum { W4A16_MOE_SPLIT_SLOTS_PER_SM = 8, W4A16_MOE_SPLIT_TILE_BYTES = 16 * 64 * 4, W4A16_MOE_SPLIT_BK = 128 };

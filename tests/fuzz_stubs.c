@@ -161,7 +161,7 @@ int w4a16_moe_smem_bytes(int bs, int layout, int stages) {
     (void)stages;
     abort();
 }
-int w4a16_moe_occupancy(const w4a16_moe_launch *a, int split, int *b) {
+int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *b) {
     (void)a;
     (void)split;
     (void)b;

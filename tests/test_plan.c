@@ -6,9 +6,11 @@
  *  - invariants over the benchmark's shapes on the H100, an RTX 5090, an RTX PRO 6000, a GB10, an A100 and the
  *    emulated sm120 on an H100: the grid covers M and N, the splits cover K, never more blocks than the workspace
  *    has slots, the config's shared memory fits the device;
- *  - a few plans checked by hand. */
+ *  - a few plans checked by hand;
+ *  - a profile forced on one thread while another plans: every plan is wholly one profile's (csrc/device.c's views). */
 #include "../csrc/internal.h"
 #include "plan_grid.h"
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,7 +29,6 @@
 static w4a16_device_state device_state(const plan_device *d) {
     w4a16_device_state st;
     memset(&st, 0, sizeof st);
-    st.ready = 1;
     st.sm_count = d->sms;
     st.smem_optin = (size_t)d->smem_block;
     st.device_smem_per_sm = d->smem_block + 1024;
@@ -378,12 +379,72 @@ static void test_hand_checked(void **state) {
     }
 }
 
+/* A device whose profile one thread flips between its own (sm90) and a forced sm120 (an emulated smaller SM), as
+ * w4a16_force_profile does, while this thread plans llama3-8b.qkv at M = 1 on the view it loads, as every GEMM call
+ * does: each plan must be exactly that view's profile's, which differ in config, carveout, resident blocks and splits.
+ * The writer flips only after the planner made two more plans, so each profile is planned with many times over. */
+typedef struct flip_run {
+    w4a16_device_views views;
+    atomic_int done, planned;
+    int flips;
+} flip_run;
+
+static void *flip_profiles(void *arg) {
+    flip_run *r = arg;
+    const w4a16_profile *sm90 = w4a16_find_profile("sm90"), *sm120 = w4a16_find_profile("sm120");
+    for (int i = 1; i <= r->flips; i++) {
+        const int seen = atomic_load(&r->planned);
+        while (atomic_load(&r->planned) < seen + 2) continue;
+        w4a16_publish_view(&r->views, w4a16_device_view(&r->views, i & 1 ? sm120 : sm90, i & 1));
+    }
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void test_forced_profile_while_planning(void **state) {
+    (void)state;
+    static flip_run r; /* zero: nothing published */
+    r.flips = 100000;
+    r.views.desc = device_state(find_device("h100"));
+    const w4a16_profile *profiles[2] = {w4a16_find_profile("sm90"), w4a16_find_profile("sm120")};
+    const size_t ws = w4a16_workspace_bytes_for(132);
+    w4a16_plan want[2];
+    for (int f = 0; f < 2; f++) {
+        const w4a16_device_state *v = w4a16_device_view(&r.views, profiles[f], f);
+        assert_int_equal(w4a16_plan_gemm(v, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096, ws, "test", &want[f]), W4A16_OK);
+    }
+    assert_true(want[0].cfg != want[1].cfg && want[0].carveout == -1 && want[1].carveout == 43);
+    assert_true(want[0].splits != want[1].splits);
+    w4a16_publish_view(&r.views, w4a16_device_view(&r.views, profiles[0], 0));
+    pthread_t writer;
+    assert_int_equal(pthread_create(&writer, NULL, flip_profiles, &r), 0);
+    long plans[2] = {0, 0}, mixed = 0;
+    while (!atomic_load(&r.done)) {
+        const w4a16_device_state *v = w4a16_current_view(&r.views);
+        const int f = v->profile == profiles[1];
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(v, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096, ws, "test", &pl), W4A16_OK);
+        if (memcmp(&pl, &want[f], sizeof pl) == 0)
+            plans[f]++;
+        else if (mixed++ < 3)
+            print_message("  plan of a mixed view: config %d, carveout %d, %d blocks/SM, %d splits\n", pl.cfg,
+                          pl.carveout, pl.blocks_per_sm, pl.splits);
+        atomic_fetch_add(&r.planned, 1);
+    }
+    assert_int_equal(pthread_join(writer, NULL), 0);
+    print_message("  %d flips: %ld plans with sm90, %ld with sm120 forced, %ld mixed\n", r.flips, plans[0], plans[1],
+                  mixed);
+    assert_int_equal(mixed, 0);
+    assert_true(plans[0] > 0 && plans[1] > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
         cmocka_unit_test(test_forced_profile_emulates_its_sm),
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
+        cmocka_unit_test(test_forced_profile_while_planning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
