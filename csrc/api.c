@@ -44,6 +44,8 @@ static w4a16_status prepare_gemm(int layout, const void *A, const void *B, const
     a->stream = stream;
     if ((s = w4a16_plan_gemm(st, layout, dtype, M, N, K, workspace_bytes, op, &a->plan)) != W4A16_OK) return s;
     a->args.stages = a->plan.stages;
+    a->args.sk_blocks = a->plan.sk_blocks;
+    a->args.sk_tiles = a->plan.sk_tiles;
     return W4A16_OK;
 }
 

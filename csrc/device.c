@@ -344,8 +344,9 @@ w4a16_status w4a16_force_profile(const char *name) {
 }
 
 /* ---------------------------------------------------------------- workspace
- * A call splits K only while splits x tiles <= SMs x (its config's blocks per SM), so the counters need that
- * many ints and the partials that many tiles of fp32, for the largest such product over the configs. */
+ * The decode and wgmma kernels split K only while splits x tiles <= SMs x (their config's blocks per SM): a counter
+ * and a tile of fp32 partial sums per block. The mma.sync tile kernel's stream-K (csrc/plan.c) runs at most that
+ * many blocks too, over at most twice as many tiles, and each block keeps at most two partial tiles. */
 static size_t max_split_blocks(int sm_count) {
     int best = 0;
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++)
@@ -361,14 +362,14 @@ static size_t max_split_partial_bytes(int sm_count) {
     }
     for (int i = 0; i < W4A16_NUM_GEMM_CONFIGS; i++) {
         const w4a16_gemm_config *c = w4a16_config(i);
-        size_t b = (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
+        size_t b = 2 * (size_t)sm_count * c->minb * w4a16_cfg_bm(c) * w4a16_cfg_bn(c) * sizeof(float);
         if (b > best) best = b;
     }
     return best;
 }
 
 size_t w4a16_workspace_counters_bytes(int sm_count) {
-    size_t b = max_split_blocks(sm_count) * sizeof(int);
+    size_t b = 2 * max_split_blocks(sm_count) * sizeof(int);
     return (b + 255) & ~(size_t)255;
 }
 

@@ -35,7 +35,9 @@ typedef struct w4a16_profile {
                                       (K will be split across blocks) */
     w4a16_tile_choice mid_wide;    /* mid M when `mid`'s tiles are at least mid_wide_tiles_per_sm per SM */
     int small_split_tiles_per_sm, mid_wide_tiles_per_sm;
-    int deep_decode_min_kt; /* k-tiles per K split at least, for decode tiles of 256 k per stage (others 2) */
+    int deep_decode_min_kt;     /* k-tiles per K split at least, for decode tiles of 256 k per stage (others 2) */
+    int mid2_large_kt_per_slot; /* > 0: mid2 M takes the `large` tile when its tiles hold at least this many k-tiles per
+                                   resident block slot (the long-K or wide layers; short ones keep mid2's finer tile) */
     /* compute capability 9.0 with the sm_90a images loaded: wgmma tiles (W4A16_WGMMA_*) from wgmma_min_m (0: never):
      * T64 below wgmma_t128_min_m, T128 below wgmma_large_min_m, T256 from it; T128 falls back to T64 when it makes
      * fewer than wgmma_t128_min_tiles tiles, and T64 widens to T64_WIDE when that makes at least
@@ -125,6 +127,10 @@ W4A16_HIDDEN int w4a16_staged_grid(int M, int nc, int sm_count);
  * blocks each: 1 when the tiles alone fill half the block slots; else at most the slots (tiles x splits <= slots:
  * the workspace is sized for that), at most 16, and at least min_kt k-tiles per split. */
 W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, int sm_count, int min_kt);
+/* Stream-K of the mma.sync tile kernel (csrc/plan.c): how many blocks share the k-tiles of how many tiles (both 0:
+ * every block computes one whole tile). */
+W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int straddle, int *sk_blocks,
+                                      int *sk_tiles);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

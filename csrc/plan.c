@@ -35,6 +35,40 @@ int w4a16_staged_grid(int M, int nc, int sm_count) {
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/* Stream-K for the mma.sync tile kernel (kernels/gemm.cuh): `tiles` tiles of num_kt k-tiles on `slots` resident
+ * block slots.
+ *  - Whole tiles while they fill the slots in full waves, or nearly (a last wave at least W4A16_SK_MIN_WAVE_FILL
+ *    percent full).
+ *  - At most half a wave of tiles: each tile's k-tiles split evenly among as many blocks as fill the slots (at most
+ *    16 a tile, at least min_kt k-tiles each): no block straddles two tiles.
+ *  - Otherwise the slots share the k-tiles of the last partial wave's tiles plus one full wave if there is one (up to
+ *    two tiles' worth per block, so the partial wave costs a fraction of a tile, not a whole one); the other tiles
+ *    run whole.
+ * The blocks never outnumber the slots (the workspace holds two partial tiles per slot and a counter per two).
+ * `straddle` 0: never the last case (a block then computes parts of one tile only). */
+enum { W4A16_SK_MIN_WAVE_FILL = 90, W4A16_SK_MAX_SHARE = 16 };
+void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int straddle, int *sk_blocks,
+                         int *sk_tiles) {
+    *sk_blocks = *sk_tiles = 0;
+    const long long waves = tiles / slots, rest = tiles % slots;
+    if (rest == 0 || rest * 100 >= (long long)slots * W4A16_SK_MIN_WAVE_FILL) return;
+    if (waves == 0 && tiles * 2 <= slots) {
+        long long s = slots / tiles;
+        if (s > num_kt / min_kt) s = num_kt / min_kt;
+        if (s > W4A16_SK_MAX_SHARE) s = W4A16_SK_MAX_SHARE;
+        if (s > 1) {
+            *sk_blocks = (int)(tiles * s);
+            *sk_tiles = (int)tiles;
+        }
+        return;
+    }
+    if (!straddle) return;
+    const long long shared = waves > 0 ? rest + slots : tiles;
+    if (shared * num_kt >= 2147483647LL || shared * num_kt / min_kt < slots) return;
+    *sk_blocks = slots;
+    *sk_tiles = (int)shared;
+}
+
 /* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
 static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t workspace_bytes, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -63,7 +97,7 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
 }
 
 /* The mma.sync tile of the profile's M regime, adjusted by how many tiles the layer makes on this device. */
-static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int layout, int M, int N) {
+static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int layout, int M, int N, int K) {
     const w4a16_profile *p = st->profile;
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
                                   : M <= p->mid_max_m             ? &p->mid
@@ -76,6 +110,17 @@ static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int lay
         tc = &p->mid_wide; /* wide layer: enough blocks without the 8-warp tile; the 4-warp one runs two per SM */
         c = w4a16_config(tc->cfg);
         tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
+    }
+    if (tc == &p->mid2 && p->mid2_large_kt_per_slot > 0) {
+        /* long-K or wide layers: the larger tile reads each weight once for 128 rows and still keeps every slot busy
+         * for that many k-tiles (its blocks per SM by shared memory) */
+        const w4a16_tile_choice *lc = layout == W4A16_LAYOUT_MARLIN ? &p->large : &p->large_awq;
+        const w4a16_gemm_config *l = w4a16_config(lc->cfg);
+        const int lsmem = w4a16_cfg_smem_bytes(l, layout, lc->stages);
+        int per_sm = st->smem_per_sm / (lsmem + st->smem_reserved);
+        per_sm = per_sm < 1 ? 1 : per_sm > l->minb ? l->minb : per_sm;
+        const long long kt = (long long)cdiv(M, w4a16_cfg_bm(l)) * cdiv(N, w4a16_cfg_bn(l)) * cdiv(K, w4a16_cfg_bk(l));
+        if (kt >= (long long)p->mid2_large_kt_per_slot * st->sm_count * per_sm) return lc;
     }
     if (tc == &p->small && tiles < (long long)p->small_split_tiles_per_sm * st->sm_count)
         tc = &p->small_split; /* K will be split across blocks: the deeper stage amortises its fixed costs better */
@@ -99,7 +144,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    const w4a16_tile_choice *tc = mma_choice(st, layout, M, N);
+    const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
     const int tiles_m = cdiv(M, bm), tiles_n = cdiv(N, bn);
@@ -116,10 +161,23 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
     pl->smem_bytes = w4a16_cfg_smem_bytes(c, layout, tc->stages);
     /* resident blocks per SM: the register budget the kernel instance was built for, or fewer where shared memory
      * runs out first (each block also takes the system's reserved shared memory) */
-    const int minb = pl->kind == W4A16_KERNEL_DECODE16 ? W4A16_DECODE16_MINB(c->minb, layout, dtype) : c->minb;
+    const int minb = pl->kind == W4A16_KERNEL_DECODE16        ? W4A16_DECODE16_MINB(c->minb, layout, dtype)
+                     : pl->kind == W4A16_KERNEL_MMA && decode ? W4A16_TILE_MINB(c->minb)
+                                                              : c->minb;
     int per_sm = st->smem_per_sm / (pl->smem_bytes + st->smem_reserved);
     if (per_sm > minb) per_sm = minb;
     pl->blocks_per_sm = per_sm < 1 ? 1 : per_sm;
+    if (pl->kind == W4A16_KERNEL_MMA) {
+        /* one-dimensional grid: the stream-K blocks, then one block per remaining tile */
+        if (workspace_bytes > 0)
+            /* tiles that split K among their warps (WK > 1) keep one tile per block: compute-sanitizer's racecheck
+             * reports shared-memory hazards between their warps' K reduction and the next tile's fragment reads in
+             * a block that computes two (docs/PERFORMANCE.md v20) */
+            w4a16_plan_stream_k((long long)tiles_m * tiles_n, cdiv(K, bk), st->sm_count * pl->blocks_per_sm, 2,
+                                c->wk == 1, &pl->sk_blocks, &pl->sk_tiles);
+        pl->grid[0] = pl->sk_blocks + tiles_m * tiles_n - pl->sk_tiles;
+        return W4A16_OK;
+    }
     if (workspace_bytes > 0) {
         /* the deep decode tile (256 k per stage) keeps more k-tiles per split: its fixed cost per split is larger */
         const int min_kt = decode && bk >= 256 ? p->deep_decode_min_kt : 2;
@@ -153,6 +211,13 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      "%d threads, %d block%s/SM",
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
+                     pl->blocks_per_sm > 1 ? "s" : "");
+    else if (pl->kind == W4A16_KERNEL_MMA)
+        n = snprintf(buf, size,
+                     "%s config %d (%s, %d stages), stream-K %d blocks over %d tiles, grid %d, %d threads, "
+                     "%d bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), pl->cfg, w4a16_config(pl->cfg)->name, pl->stages, pl->sk_blocks,
+                     pl->sk_tiles, pl->grid[0], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else
         n = snprintf(buf, size,

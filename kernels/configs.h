@@ -21,7 +21,8 @@
     X(3, LARGE_AWQ, "m128n256k64", 4, 2, 1, 4, 1, 4, 1)     /* large M, AWQ: 8 warps of 64x64 (16-byte C stores) */    \
     X(4, MID2, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)           /* M 65-256: 4 warps of 64x64, 2-way K split */            \
     X(5, DECODE_DEEP, "m16n128k256", 1, 1, 1, 2, 2, 8, 3)   /* decode, K split across blocks: 8 k16 steps a warp-stage \
-                                                             */
+                                                             */                                                        \
+    X(6, WIDE64, "m64n256k64h", 4, 1, 2, 4, 1, 4, 1) /* M 17-256 on 100 KB SMs: 8 warps of 64x32, 4 stages in 69 KB */
 
 /* Named config ids (W4A16_CFG_DECODE, ...) for the profiles. */
 enum {
@@ -29,7 +30,7 @@ enum {
     W4A16_GEMM_CONFIGS(W4A16_CFG_ENUM_)
 #undef W4A16_CFG_ENUM_
 };
-enum { W4A16_NUM_GEMM_CONFIGS = 6 };
+enum { W4A16_NUM_GEMM_CONFIGS = 7 };
 
 /* Hopper wgmma GEMM tiles (sm_90a only; kernels/gemm_sm90.cuh):
  *   X(id, symbol, TM, NH, WG, STAGES, MINB, KPB)
@@ -105,6 +106,9 @@ static inline int w4a16_cfg_is_decode(const w4a16_gemm_config *c) { return c->mt
  * 3-block budget, the config's MINB otherwise. A macro: the kernel instances need a constant expression, and the
  * host's plan reads the same rule. */
 #define W4A16_DECODE16_MAX_MINB 3
+/* The tile kernel's instance of a decode config (M > 8 where the 16-token decode kernel does not run) is built for at
+ * most 3 blocks per SM: its stream-K reduction spills under the 4-block budget. */
+#define W4A16_TILE_MINB(minb) ((minb) > 3 ? 3 : (minb))
 #define W4A16_DECODE16_MINB(minb, layout, dtype)                                                                       \
     ((layout) == W4A16_LAYOUT_MARLIN && (dtype) == 0 && (minb) > 2 ? 2 : (minb))
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }

@@ -52,7 +52,14 @@ template <typename T, typename ATile, typename WTile, int BK> struct StageCopy {
     int gshift, g_last, slots_used; // group of row k = k >> gshift; last group; scale rows a stage touches
 
     __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int tid) {
-        nk = split_k_tiles((p.K + BK - 1) / BK, &kt_begin);
+        int begin;
+        const int count = split_k_tiles((p.K + BK - 1) / BK, &begin);
+        plan(p, m0, n0, tid, begin, count);
+    }
+    // The same for an explicit k-tile range [kt_begin_, kt_begin_ + nk_) (stream-K segments).
+    __device__ __forceinline__ void plan(const GemmArgs &p, int m0, int n0, int tid, int kt_begin_, int nk_) {
+        kt_begin = kt_begin_;
+        nk = nk_;
         gshift = p.gshift;
         g_last = (p.K - 1) >> gshift;
         slots_used = (BK >> gshift) > 1 ? (BK >> gshift) : 1; // stages start at multiples of BK: groups aligned
@@ -252,6 +259,104 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
     return true;
 }
 
+// Stream-K (the mma.sync tile kernel; csrc/plan.c sizes it): blocks [0, sk_blocks) divide the k-tiles of the first
+// sk_tiles tiles evenly as one range in tile-major order, so every block has the same work whatever the tile count;
+// block sk_blocks + i computes tile sk_tiles + i whole. A block's range is cut at tile boundaries into segments.
+// First k-tile of stream-K block b of `blocks` sharing `total` k-tiles (the host keeps total < 2^31): b * total /
+// blocks, in 32-bit arithmetic (q = total / blocks, rem = total % blocks; b * rem < blocks^2).
+__device__ __forceinline__ int sk_begin(int b, int q, int rem, int blocks) { return b * q + b * rem / blocks; }
+
+// A segment that covers part of a tile: its NSLOT slots of 4 fp32 sums go to the workspace, in the first (`first`:
+// the block's first segment) or second partial slot of this block (a block has at most two partial segments: the
+// tail of one tile and the head of another). The last of the tile's blocks to arrive adds the blocks' sums in block
+// order (deterministic) and returns true. Slot s, its liveness and the barrier as in split_k_reduce.
+template <typename T, int NSLOT, typename Slot, typename Live, typename Sync>
+__device__ __forceinline__ bool stream_k_reduce(const GemmArgs &p, int tile, int num_kt, bool first, int tile_f4,
+                                                int offset, int stride, int tid, Slot slot, Live live, Sync sync) {
+    const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+    float4 *base = p.partials + offset;
+    float4 *mine = base + (size_t)(2 * blockIdx.x + (first ? 0 : 1)) * tile_f4;
+#pragma unroll
+    for (int s = 0; s < NSLOT; s++)
+        if (live(s)) store_partial<T>(mine + s * stride, slot(s), p.reduce_dtype);
+    // the tile's blocks b0 .. b1: walk from this one to the blocks holding its first and last k-tiles
+    const int x0 = tile * num_kt, x1 = x0 + num_kt;
+    int b0 = blockIdx.x, b1 = blockIdx.x;
+    while (sk_begin(b0, q, rem, blocks) > x0) b0--;
+    while (sk_begin(b1 + 1, q, rem, blocks) < x1) b1++;
+    if (!last_arrival(p.counters, tile, b1 - b0 + 1, tid, sync)) return false;
+    // Block b's partial: its first slot when it starts inside this tile (every block after b0 does), else its second.
+    auto part = [&](int b) -> const float4 * {
+        return base + (size_t)(2 * b + (b > b0 || sk_begin(b0, q, rem, blocks) == x0 ? 0 : 1)) * tile_f4;
+    };
+    if constexpr (NSLOT <= 8) {
+        // U blocks' partials of every slot are loaded before any is added (U x NSLOT loads in flight, not one L2
+        // round trip per block); the sums build up in the slots themselves, in block order (deterministic).
+        constexpr int U = 1; // NSLOT loads in flight per block (more spill under the register budget)
+#pragma unroll
+        for (int s = 0; s < NSLOT; s++) {
+            float *x = slot(s);
+            x[0] = x[1] = x[2] = x[3] = 0.f;
+        }
+        for (int bb = b0; bb <= b1; bb += U) {
+            float4 v[U][NSLOT];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int s = 0; s < NSLOT; s++)
+                    if (bb + u <= b1 && live(s)) v[u][s] = load_partial<T>(part(bb + u) + s * stride, p.reduce_dtype);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int s = 0; s < NSLOT; s++)
+                    if (bb + u <= b1 && live(s)) {
+                        float *x = slot(s);
+                        x[0] += v[u][s].x;
+                        x[1] += v[u][s].y;
+                        x[2] += v[u][s].z;
+                        x[3] += v[u][s].w;
+                    }
+        }
+    } else {
+        // Many slots: the first block's partials straight into the slots (all NSLOT loads in flight, no extra
+        // registers), then each later block's two slots at a time.
+        {
+            const float4 *src = part(b0);
+#pragma unroll
+            for (int s = 0; s < NSLOT; s++)
+                if (live(s)) {
+                    const float4 v = load_partial<T>(src + s * stride, p.reduce_dtype);
+                    float *x = slot(s);
+                    x[0] = v.x;
+                    x[1] = v.y;
+                    x[2] = v.z;
+                    x[3] = v.w;
+                }
+        }
+        for (int b = b0 + 1; b <= b1; b++) { // block order: deterministic
+            const float4 *src = part(b);
+            constexpr int U = 2; // more spills under the large tiles' register budget
+#pragma unroll
+            for (int s0 = 0; s0 < NSLOT; s0 += U) {
+                float4 v[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (s0 + u < NSLOT && live(s0 + u)) v[u] = load_partial<T>(src + (s0 + u) * stride, p.reduce_dtype);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (s0 + u < NSLOT && live(s0 + u)) {
+                        float *x = slot(s0 + u);
+                        x[0] += v[u].x;
+                        x[1] += v[u].y;
+                        x[2] += v[u].z;
+                        x[3] += v[u].w;
+                    }
+            }
+        }
+    }
+    return true;
+}
+
 template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
 __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
@@ -271,171 +376,205 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int wm = warp % WM, wh = (warp / WM) % NH, wn = (warp / (WM * NH)) % WN, wk = warp / WMN;
     const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N;
-    const int splits = gridDim.z;
     const int stages = p.stages;
+    const int tiles_m = (M + BM - 1) / BM, num_kt = (p.K + BK - 1) / BK;
 
-    // ---- producer: the block's K split and per-thread copy plans fixed for it; each stage advances them by BK.
-    StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, tid);
-    const int kt_begin = copy.kt_begin, nk = copy.nk;
-    const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
+    // ---- one segment: k-tiles [kt_begin, kt_begin + nk) of the tile at (m0, n0); full when nk == num_kt
+    __shared__ int seg_info[3]; // tile, partial (nk < num_kt), first segment of the block
+    auto gemm_segment = [&](const int m0, const int n0, const int kt_begin, const int nk) {
+        // ---- producer: per-thread copy plans fixed for the segment; each stage advances them by BK.
+        StageCopy<T, ATile, WTile, BK> copy;
+        copy.plan(p, m0, n0, tid, kt_begin, nk);
+        const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
 
-    float acc[MT][NB][4];
+        float acc[MT][NB][4];
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < NB; j++)
+            for (int j = 0; j < NB; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    auto load_group = [&](const unsigned char *st, int sl) {
-        copy.wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);
-    };
+        auto load_group = [&](const unsigned char *st, int sl) {
+            copy.wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);
+        };
 
-    // ---- fragments, double-buffered across k16 steps (A only when registers allow)
-    uint32_t fa[ABUF][MT][4];
-    auto load_a = [&](const unsigned char *st, int ks, int buf) {
-        const T *sA = reinterpret_cast<const T *>(st);
-        const int kk = wk * KS + ks;
+        // ---- fragments, double-buffered across k16 steps (A only when registers allow)
+        uint32_t fa[ABUF][MT][4];
+        auto load_a = [&](const unsigned char *st, int ks, int buf) {
+            const T *sA = reinterpret_cast<const T *>(st);
+            const int kk = wk * KS + ks;
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            int row = wm * MT * 16 + mt * 16 + (lane & 15);
-            int ch = kk * 2 + (lane >> 4);
-            ldmatrix_x4(fa[buf][mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
-        }
-    };
-    auto load_frags = [&](const unsigned char *st, int ks, int buf) {
-        if constexpr (ABUF == 2) load_a(st, ks, buf);
-        copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane,
-                      buf); // each warp owns a contiguous K range of the stage
-    };
-    auto compute = [&](const unsigned char *st, int ks, int buf) {
-        if constexpr (ABUF == 1) load_a(st, ks, 0);
-        uint32_t b[NB][2];
-        copy.wt.dequant(buf, wh, b);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < NB; j++) D::mma(acc[mt][j], fa[ABUF == 2 ? buf : 0][mt], b[j]);
-    };
-
-    // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
-    StageRing<STAGE_BYTES> ring(smem, stages, nk);
-    auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j); };
-    ring.prologue(copy, p, kt_begin);
-    int cur_group = -1;
-    for (int i = 0; i < nk; i++) {
-        const unsigned char *st = ring.step(i, issue);
-        const int k0 = (kt_begin + i) * BK;
-        const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
-        load_frags(st, 0, 0);
-        if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: its constants at most once per stage
-            const int g = kw >> gshift;
-            if (g != cur_group) {
-                cur_group = g;
-                load_group(st, min(g, g_last) - (k0 >> gshift));
+            for (int mt = 0; mt < MT; mt++) {
+                int row = wm * MT * 16 + mt * 16 + (lane & 15);
+                int ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(fa[buf][mt], sA + row * BK + ((ch ^ (row & 7)) * 8));
             }
+        };
+        auto load_frags = [&](const unsigned char *st, int ks, int buf) {
+            if constexpr (ABUF == 2) load_a(st, ks, buf);
+            copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane,
+                          buf); // each warp owns a contiguous K range of the stage
+        };
+        auto compute = [&](const unsigned char *st, int ks, int buf) {
+            if constexpr (ABUF == 1) load_a(st, ks, 0);
+            uint32_t b[NB][2];
+            copy.wt.dequant(buf, wh, b);
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
-                compute(st, ks, ks & 1);
-            }
-        } else { // small groups: a new group may start at any k16 step
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
-                const int g = (kw + ks * 16) >> gshift;
+                for (int j = 0; j < NB; j++) D::mma(acc[mt][j], fa[ABUF == 2 ? buf : 0][mt], b[j]);
+        };
+
+        // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
+        StageRing<STAGE_BYTES> ring(smem, stages, nk);
+        auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j); };
+        ring.prologue(copy, p, kt_begin);
+        int cur_group = -1;
+        for (int i = 0; i < nk; i++) {
+            const unsigned char *st = ring.step(i, issue);
+            const int k0 = (kt_begin + i) * BK;
+            const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
+            load_frags(st, 0, 0);
+            if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: its constants at most once per stage
+                const int g = kw >> gshift;
                 if (g != cur_group) {
                     cur_group = g;
                     load_group(st, min(g, g_last) - (k0 >> gshift));
                 }
-                compute(st, ks, ks & 1);
-            }
-        }
-    }
-    cp_async_wait_all();
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
-
-    // ---- K-split warps: add partial sums through shared memory
-    const int warp_mn = warp % WMN;
-    if constexpr (WK > 1) {
-        if (!reduce_k_warps<MT * NB, WK, WMN>(smem, wk, warp_mn, lane,
-                                              [&](int s) -> float * { return acc[s / NB][s % NB]; }))
-            return;
-    }
-    // From here only the WMN warps with wk == 0 remain.
-    constexpr int EPI_THREADS = 32 * WMN;
-    const int row_base = m0 + wm * MT * 16;
-
-    // ---- split-K across blocks: partials to the workspace, the last arriving block reduces
-    if (splits > 1) {
-        auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); }; // only the epilogue warps
-        auto slot = [&](int s) -> float * { return acc[s / NB][s % NB]; };
-        auto live = [&](int s) { return row_base + (s / NB) * 16 < M; };
-        if (!split_k_reduce<T, MT * NB>(p, WMN * MT * NB * 32, warp_mn * (MT * NB * 32) + lane, 32, tid, slot, live,
-                                        epi_sync))
-            return;
-    }
-
-    // ---- store C (+ bias)
-    T *C = static_cast<T *>(p.C);
-    const T *bias = static_cast<const T *>(p.bias);
-    const int col_base = n0 + wn * 64;
-    if (col_base >= N) return;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
-            const int row = row_base + mt * 16 + r + 8 * h;
-            if (row >= M) continue;
-            T *crow = C + (size_t)row * N + col_base;
-            // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot are
-            // 8 adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2 (Marlin).
-            if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
-                // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
-                __align__(16) T out[16];
-#pragma unroll
-                for (int j = 0; j < NB; j++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int c = 16 * q + 8 * e + awq_order(j);
-                        float v = acc[mt][j][2 * h + e];
-                        if (bias) v += D::to_float(bias[col_base + c]);
-                        out[8 * e + awq_order(j)] = D::from_float(v);
-                    }
+                for (int ks = 0; ks < KS; ks++) {
+                    if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                    compute(st, ks, ks & 1);
                 }
-                reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
-                reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
-            } else if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT) {
-                // half of the blocks: every other column of 16q .. 16q + 15
+            } else { // small groups: a new group may start at any k16 step
 #pragma unroll
-                for (int j = 0; j < NB; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int c = 16 * q + 8 * e + awq_order(j0 + j);
-                        float v = acc[mt][j][2 * h + e];
-                        if (bias) v += D::to_float(bias[col_base + c]);
-                        crow[c] = D::from_float(v);
+                for (int ks = 0; ks < KS; ks++) {
+                    if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
+                    const int g = (kw + ks * 16) >> gshift;
+                    if (g != cur_group) {
+                        cur_group = g;
+                        load_group(st, min(g, g_last) - (k0 >> gshift));
                     }
-            } else {
-                static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT, "the C store needs one of the two patterns");
-#pragma unroll
-                for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1: one paired store
-                    int c = 8 * (j0 + j) + 2 * q;
-                    float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
-                    if (bias) {
-                        v0 += D::to_float(bias[col_base + c]);
-                        v1 += D::to_float(bias[col_base + c + 1]);
-                    }
-                    typename D::T2 o;
-                    o.x = D::from_float(v0);
-                    o.y = D::from_float(v1);
-                    *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+                    compute(st, ks, ks & 1);
                 }
             }
         }
+        cp_async_wait_all();
+        if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
+
+        // ---- K-split warps: add partial sums through shared memory
+        const int warp_mn = warp % WMN;
+        if constexpr (WK > 1) {
+            if (!reduce_k_warps<MT * NB, WK, WMN>(smem, wk, warp_mn, lane,
+                                                  [&](int s) -> float * { return acc[s / NB][s % NB]; }))
+                return;
+        }
+        // From here only the WMN warps with wk == 0 remain.
+        constexpr int EPI_THREADS = 32 * WMN;
+        // the segment's tile from shared memory: nothing of it stays live in registers through the main loop
+        const int e_tile = seg_info[0], e_partial = seg_info[1], e_first = seg_info[2];
+        const int row_base = e_tile % tiles_m * BM + wm * MT * 16;
+
+        // ---- part of a tile: partials to the workspace, the tile's last arriving block reduces
+        if (e_partial) {
+            auto epi_sync = []() { asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS)); }; // only the epilogue warps
+            auto slot = [&](int s) -> float * { return acc[s / NB][s % NB]; };
+            auto live = [&](int s) { return row_base + (s / NB) * 16 < M; };
+            if (!stream_k_reduce<T, MT * NB>(p, e_tile, num_kt, e_first, WMN * MT * NB * 32,
+                                             warp_mn * (MT * NB * 32) + lane, 32, tid, slot, live, epi_sync))
+                return;
+        }
+
+        // ---- store C (+ bias)
+        T *C = static_cast<T *>(p.C);
+        const T *bias = static_cast<const T *>(p.bias);
+        const int col_base = e_tile / tiles_m * BN + wn * 64;
+        if (col_base >= N) return;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) { // rows r and r + 8 of the m16 tile
+                const int row = row_base + mt * 16 + r + 8 * h;
+                if (row >= M) continue;
+                T *crow = C + (size_t)row * N + col_base;
+                // Two store patterns, by the format's column map (WeightFormat::column(j, slot)): the blocks of a slot
+                // are 8 adjacent columns (AWQ: column 8 slot + ORDER[j]), or the slots 2q, 2q + 1 of a block are 2
+                // (Marlin).
+                if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT && NH == 1) {
+                    // slots 2q, 2q+1 of block j are columns 16q + ORDER[j] and 16q + 8 + ORDER[j]: 16 adjacent columns
+                    __align__(16) T out[16];
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            int c = 16 * q + 8 * e + awq_order(j);
+                            float v = acc[mt][j][2 * h + e];
+                            if (bias) v += D::to_float(bias[col_base + c]);
+                            out[8 * e + awq_order(j)] = D::from_float(v);
+                        }
+                    }
+                    reinterpret_cast<uint4 *>(crow + 16 * q)[0] = reinterpret_cast<uint4 *>(out)[0];
+                    reinterpret_cast<uint4 *>(crow + 16 * q)[1] = reinterpret_cast<uint4 *>(out)[1];
+                } else if constexpr (WeightFormat<LAYOUT>::SLOT_BLOCKS_ADJACENT) {
+                    // half of the blocks: every other column of 16q .. 16q + 15
+#pragma unroll
+                    for (int j = 0; j < NB; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            int c = 16 * q + 8 * e + awq_order(j0 + j);
+                            float v = acc[mt][j][2 * h + e];
+                            if (bias) v += D::to_float(bias[col_base + c]);
+                            crow[c] = D::from_float(v);
+                        }
+                } else {
+                    static_assert(WeightFormat<LAYOUT>::SLOT_PAIRS_ADJACENT,
+                                  "the C store needs one of the two patterns");
+#pragma unroll
+                    for (int j = 0; j < NB; j++) { // slots 2q, 2q + 1: one paired store
+                        int c = 8 * (j0 + j) + 2 * q;
+                        float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
+                        if (bias) {
+                            v0 += D::to_float(bias[col_base + c]);
+                            v1 += D::to_float(bias[col_base + c + 1]);
+                        }
+                        typename D::T2 o;
+                        o.x = D::from_float(v0);
+                        o.y = D::from_float(v1);
+                        *reinterpret_cast<typename D::T2 *>(crow + c) = o;
+                    }
+                }
+            }
+        }
+    };
+
+    // ---- this block's work (stream-K, see stream_k_reduce), one segment (a tile's k-tiles [kt, kt + nk)) per
+    // iteration; recomputed from the block index each time, so no loop state is held in registers across a segment.
+    for (int seg = 0;; seg++) {
+        int tile, kt, nk;
+        if ((int)blockIdx.x < p.sk_blocks) {
+            const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+            const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
+            const int t0 = start / num_kt;
+            tile = t0 + seg;
+            kt = seg == 0 ? start - t0 * num_kt : 0;
+            const int from = tile * num_kt + kt;
+            if (from >= stop) break;
+            nk = min(num_kt - kt, stop - from);
+        } else {
+            if (seg > 0) break;
+            tile = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
+            kt = 0;
+            nk = num_kt;
+        }
+        if (seg > 0) __syncthreads(); // the previous segment's epilogue may still read the shared buffers
+        if (tid == 0) {               // read after the main loop's first barrier
+            seg_info[0] = tile;
+            seg_info[1] = nk < num_kt;
+            seg_info[2] = seg == 0;
+        }
+        gemm_segment(tile % tiles_m * BM, tile / tiles_m * BN, kt, nk);
     }
 }
 

@@ -22,8 +22,9 @@ GemmKernelRef select_tile(int kind) {
             constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
             if (kind == W4A16_KERNEL_DECODE16)
                 return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
-        } else {
-            if (kind == W4A16_KERNEL_MMA) return {gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>, THREADS, 0};
+        } else { // the tile kernel (M > 8): its stream-K epilogue needs the register budget of 3 blocks per SM
+            if (kind == W4A16_KERNEL_MMA)
+                return {gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, W4A16_TILE_MINB(MINB)>, THREADS, 0};
         }
     } else {
         if (kind == W4A16_KERNEL_MMA) return {gemm_kernel<T, LAYOUT, MT, WM, NH, WN, WK, KS, MINB>, THREADS, 0};

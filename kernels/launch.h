@@ -28,9 +28,10 @@ typedef struct w4a16_gemm_args {
 #else
     void *partials;
 #endif
-    int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
-    int reduce_dtype;       /* split-K partials rounded to the dtype (W4A16_FLAG_REDUCE_IN_DTYPE), not kept in fp32 */
-    int pdl;                /* programmatic dependent launch (W4A16_FLAG_PDL): weights are read before the wait */
+    int marlin_channelwise;  /* Marlin scales permuted in chunks of 32 (G == K) */
+    int reduce_dtype;        /* split-K partials rounded to the dtype (W4A16_FLAG_REDUCE_IN_DTYPE), not kept in fp32 */
+    int pdl;                 /* programmatic dependent launch (W4A16_FLAG_PDL): weights are read before the wait */
+    int sk_blocks, sk_tiles; /* mma.sync tile kernel: blocks sharing the first sk_tiles tiles' k-tiles (stream-K) */
 } w4a16_gemm_args;
 
 /* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
@@ -55,6 +56,8 @@ typedef struct w4a16_plan {
     int blocks_per_sm; /* resident blocks per SM the K split was sized for */
     int slab_channels; /* staged: channels dequantised per slab */
     int carveout;      /* shared-memory carveout (percent) that emulates a smaller SM, or -1 (the device's own) */
+    int sk_blocks;     /* mma.sync kind: stream-K blocks (the first grid[0] blocks) and the tiles they share; the */
+    int sk_tiles;      /* other grid[0] - sk_blocks blocks compute one whole tile each */
 } w4a16_plan;
 
 typedef struct w4a16_gemm_launch {

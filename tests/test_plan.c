@@ -70,6 +70,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     else if (pl.kind == W4A16_KERNEL_WGMMA)
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
                  pl.grid[2]);
+    else if (pl.kind == W4A16_KERNEL_MMA)
+        snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
+                 pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.smem_bytes);
     else
         snprintf(what, sizeof what, "%s cfg=%d st=%d splits=%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.cfg,
                  pl.stages, pl.splits, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
@@ -106,8 +109,39 @@ static uint64_t grid_hash(const w4a16_device_state *st, const char *dev, int lay
     return h;
 }
 
+/* W4A16_PLAN_RECORD=<file>: write the current plans in the recorded format (after a deliberate change of the launch
+ * decisions; the commit that changes them says why). */
+static void record_decisions(const char *path) {
+    FILE *in = fopen(PLAN_RECORDED, "r"), *out = fopen(path, "w");
+    if (!in || !out) fail_msg("cannot open %s or %s", PLAN_RECORDED, path);
+    char buf[512], line[256];
+    while (fgets(buf, sizeof buf, in)) {
+        buf[strcspn(buf, "\n")] = 0;
+        char dev[32], lay[16], dt[16], wsn[16];
+        unsigned long long want;
+        int G, M, N, K;
+        if (buf[0] == '#') {
+            fprintf(out, "%s\n", buf);
+        } else if (sscanf(buf, "hash %31s %15s %15s %llx", dev, lay, dt, &want) == 4) {
+            w4a16_device_state st = device_state(find_device(dev));
+            fprintf(out, "hash %s %s %s %016llx\n", dev, lay, dt,
+                    (unsigned long long)grid_hash(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0));
+        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N, &K) ==
+                   8) {
+            int ws = 0;
+            while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
+            w4a16_device_state st = device_state(find_device(dev));
+            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line, sizeof line);
+            fprintf(out, "line %s\n", line);
+        }
+    }
+    fclose(in);
+    fclose(out);
+}
+
 static void test_recorded_decisions(void **state) {
     (void)state;
+    if (getenv("W4A16_PLAN_RECORD")) record_decisions(getenv("W4A16_PLAN_RECORD"));
     FILE *f = fopen(PLAN_RECORDED, "r");
     if (!f) fail_msg("cannot open %s (run from the repository root)", PLAN_RECORDED);
     char buf[512], line[256];
@@ -191,6 +225,45 @@ static const struct {
     {"A100", "sm80", 108, 166912, 0, NULL},          {"H100 as sm120", "sm90", 132, 232448, 1, "sm120"},
 };
 
+/* The mma.sync tile kernel's stream-K (csrc/plan.c, kernels/gemm.cuh): the blocks cover every tile and k-tile once;
+ * the shared tiles' blocks never outnumber the slots, keep at least 2 k-tiles each, share a tile among at most 16,
+ * and the workspace holds their counters and two partial tiles per block. The block ranges are rebuilt as the kernel
+ * computes them. */
+static void check_stream_k(const w4a16_device_state *st, const w4a16_plan *pl, int M, int N, int K, int bm, int bn,
+                           int bk, int ws, size_t counters, size_t partial_bytes) {
+    const long long tiles = (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn);
+    const int num_kt = (K + bk - 1) / bk, G = pl->sk_blocks;
+    assert_int_equal(pl->splits, 1);
+    assert_int_equal(pl->grid[1], 1);
+    assert_int_equal(pl->grid[2], 1);
+    assert_true(pl->grid[0] == G + tiles - pl->sk_tiles);
+    if (ws == 0 || G == 0) {
+        assert_int_equal(G, 0);
+        assert_int_equal(pl->sk_tiles, 0);
+        return;
+    }
+    assert_in_range(pl->sk_tiles, 1, tiles);
+    assert_true(G <= st->sm_count * pl->blocks_per_sm);
+    assert_true((size_t)pl->sk_tiles <= counters);
+    assert_true(2 * (size_t)G * bm * bn * sizeof(float) <= partial_bytes);
+    const long long total = (long long)pl->sk_tiles * num_kt;
+    assert_true(total < 2147483647LL);
+    const int q = (int)(total / G), rem = (int)(total % G);
+    int covered = 0;
+    for (int b = 0; b < G; b++) {
+        const int start = b * q + b * rem / G, stop = (b + 1) * q + (b + 1) * rem / G;
+        assert_true(start == covered); /* contiguous ranges, in block order */
+        assert_true(stop - start >= 2);
+        covered = stop;
+    }
+    assert_true(covered == total);
+    for (int t = 0; t < pl->sk_tiles; t++) { /* blocks per tile */
+        const long long x0 = (long long)t * num_kt, x1 = x0 + num_kt - 1;
+        const long long b0 = ((x0 + 1) * G - 1) / total, b1 = ((x1 + 1) * G - 1) / total;
+        assert_true(b1 - b0 + 1 <= 16);
+    }
+}
+
 static void test_plan_invariants(void **state) {
     (void)state;
     int checked = 0;
@@ -238,6 +311,11 @@ static void test_plan_invariants(void **state) {
                                 assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
                             }
                             assert_in_range(pl.blocks_per_sm, 1, minb);
+                            if (pl.kind == W4A16_KERNEL_MMA) {
+                                check_stream_k(&st, &pl, M, N, K, bm, bn, bk, ws, counters, partial_bytes);
+                                checked++;
+                                continue;
+                            }
                             /* the grid covers M and N exactly, the splits cover K */
                             assert_true(pl.grid[0] * bm >= M && (pl.grid[0] - 1) * bm < M);
                             assert_true(pl.grid[1] * bn >= N && (pl.grid[1] - 1) * bn < N);
