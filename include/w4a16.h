@@ -134,8 +134,10 @@ W4A16_API w4a16_status w4a16_force_profile(const char *name);
 W4A16_API const char *const *w4a16_profile_names(void);
 
 /* ---------------------------------------------------------------- workspace
- * The GEMMs split K across blocks at decode sizes and reduce through a caller-owned workspace:
- * per-tile counters followed by fp32 partial sums. Size it once per device with this query, zero it
+ * The GEMMs split K across blocks at decode sizes, and the mma.sync tile kernel shares the k-tiles of a partial last
+ * wave of tiles among all SMs (stream-K); both reduce through a caller-owned workspace: per-tile counters followed by
+ * fp32 partial sums (about 35 MB on a 132-SM H100: two 128 x 256 fp32 tiles per SM, less on GPUs with fewer SMs).
+ * Size it once per device with this query, zero it
  * once (cudaMemset) after allocating it, and pass it to every GEMM on that device: each call leaves
  * the counters zeroed again, so one workspace serves a whole model and CUDA-graph replays.
  * A workspace must not be used by two calls that run concurrently (use one per stream). */
