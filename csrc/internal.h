@@ -35,6 +35,8 @@ typedef struct w4a16_profile {
                                       (K will be split across blocks) */
     w4a16_tile_choice mid_wide;    /* mid M when `mid`'s tiles are at least mid_wide_tiles_per_sm per SM */
     int small_split_tiles_per_sm, mid_wide_tiles_per_sm;
+    int mid32_max_m; /* > 0: M from small_max_m + 1 to this runs `mid32` (before the mid regime) */
+    w4a16_tile_choice mid32;
     int deep_decode_min_kt;     /* k-tiles per K split at least, for decode tiles of 256 k per stage (others 2) */
     int mid2_large_kt_per_slot; /* > 0: mid2 M takes the `large` tile when its tiles hold at least this many k-tiles per
                                    resident block slot (the long-K or wide layers; short ones keep mid2's finer tile) */

@@ -100,6 +100,7 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
 static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int layout, int M, int N, int K) {
     const w4a16_profile *p = st->profile;
     const w4a16_tile_choice *tc = M <= p->small_max_m             ? &p->small
+                                  : M <= p->mid32_max_m           ? &p->mid32
                                   : M <= p->mid_max_m             ? &p->mid
                                   : M <= p->mid2_max_m            ? &p->mid2
                                   : layout == W4A16_LAYOUT_MARLIN ? &p->large

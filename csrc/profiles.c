@@ -13,21 +13,23 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 
 const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL; }
 
-/* Every profile's M regimes and tile thresholds: decode tiles up to M = 32 (two 16-row tiles beat one 64-row tile
- * there), the deep decode tile when its tiles make fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's
- * tiles alone fill every SM. */
-#define W4A16_MMA_REGIMES                                                                                              \
-    .small_max_m = 32, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2, .mid_wide_tiles_per_sm = 1,  \
-    .deep_decode_min_kt = 4
+/* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (32: two 16-row tiles beat one
+ * 64-row tile there; 16 on the 100 KB parts, whose 32-row tile takes M 17-32), the deep decode tile when its tiles make
+ * fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM. */
+#define W4A16_MMA_REGIMES(small_max)                                                                                   \
+    .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \
+    .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4
 
 /* Tiles of the parts with 99 KB of shared memory per block (sm_86, 89, 120, 121): the 128-k decode tile also when
- * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 33: the 64 x 128 tile (3
+ * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 17: the 32 x 256 tile (3
+ * stages) up to M = 32, the 64 x 128 tile (3
  * stages), the 64 x 256 one (4 stages in 69 KB) for wide layers and M 65-256, the 128 x 256 tile (3 stages) where
  * its tiles keep the slots busy for 40 k-tiles or more, and from M = 257. */
 #define W4A16_TILES_100KB                                                                                              \
-    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE, 3}, .mid = {W4A16_CFG_MID, 3},                   \
-    .mid_wide = {W4A16_CFG_WIDE64, 4}, .mid2 = {W4A16_CFG_WIDE64, 4}, .large = {W4A16_CFG_LARGE_MARLIN, 3},            \
-    .large_awq = {W4A16_CFG_LARGE_AWQ, 3}, .mid2_large_kt_per_slot = 40
+    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE, 3}, .mid32_max_m = 32,                           \
+    .mid32 = {W4A16_CFG_WIDE32, 3}, .mid = {W4A16_CFG_MID, 3}, .mid_wide = {W4A16_CFG_WIDE64, 4},                      \
+    .mid2 = {W4A16_CFG_WIDE64, 4}, .large = {W4A16_CFG_LARGE_MARLIN, 3}, .large_awq = {W4A16_CFG_LARGE_AWQ, 3},        \
+    .mid2_large_kt_per_slot = 40
 
 /* Tiles of the parts with 163 KB or more per block (sm_80, 90, 100) from M = 17. */
 #define W4A16_TILES_164KB_MID_LARGE                                                                                    \
@@ -44,7 +46,7 @@ static const w4a16_profile sm80 = {
     .arch = 80,
     .fallback = NULL,
     .smem_per_sm = SMEM_164KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(32),
     W4A16_TILES_164KB,
 };
 static const w4a16_profile sm86 = {
@@ -52,7 +54,7 @@ static const w4a16_profile sm86 = {
     .arch = 86,
     .fallback = "sm80",
     .smem_per_sm = SMEM_100KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
 static const w4a16_profile sm89 = {
@@ -60,7 +62,7 @@ static const w4a16_profile sm89 = {
     .arch = 89,
     .fallback = "sm86",
     .smem_per_sm = SMEM_100KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
 /* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; from M = 17 the sm_90a wgmma kernel,
@@ -70,7 +72,7 @@ static const w4a16_profile sm90 = {
     .arch = 90,
     .fallback = "sm80",
     .smem_per_sm = SMEM_228KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(32),
     .small = {W4A16_CFG_DECODE_DEEP, 3},
     .small_split = {W4A16_CFG_DECODE_DEEP, 3},
     W4A16_TILES_164KB_MID_LARGE,
@@ -86,7 +88,7 @@ static const w4a16_profile sm100 = {
     .arch = 100,
     .fallback = "sm90",
     .smem_per_sm = SMEM_228KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(32),
     W4A16_TILES_164KB,
 };
 static const w4a16_profile sm120 = {
@@ -94,7 +96,7 @@ static const w4a16_profile sm120 = {
     .arch = 120,
     .fallback = "sm89",
     .smem_per_sm = SMEM_100KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
 static const w4a16_profile sm121 = {
@@ -102,7 +104,7 @@ static const w4a16_profile sm121 = {
     .arch = 121,
     .fallback = "sm120",
     .smem_per_sm = SMEM_100KB,
-    W4A16_MMA_REGIMES,
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
 
@@ -134,10 +136,11 @@ static int choice_smem(const w4a16_tile_choice *c) {
 }
 
 int w4a16_profile_smem_bytes(const w4a16_profile *p) {
-    const w4a16_tile_choice *all[] = {&p->small,     &p->mid,         &p->mid2,    &p->large,
-                                      &p->large_awq, &p->small_split, &p->mid_wide};
+    const w4a16_tile_choice *all[] = {&p->small,     &p->mid,         &p->mid2,     &p->large,
+                                      &p->large_awq, &p->small_split, &p->mid_wide, &p->mid32};
     int r = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
+        if (all[i] == &p->mid32 && p->mid32_max_m == 0) continue;
         int b = choice_smem(all[i]);
         r = b > r ? b : r;
     }

@@ -22,7 +22,9 @@
     X(4, MID2, "m64n128k64", 4, 1, 1, 2, 2, 2, 1)           /* M 65-256: 4 warps of 64x64, 2-way K split */            \
     X(5, DECODE_DEEP, "m16n128k256", 1, 1, 1, 2, 2, 8, 3)   /* decode, K split across blocks: 8 k16 steps a warp-stage \
                                                              */                                                        \
-    X(6, WIDE64, "m64n256k64h", 4, 1, 2, 4, 1, 4, 1) /* M 17-256 on 100 KB SMs: 8 warps of 64x32, 4 stages in 69 KB */
+    X(6, WIDE64, "m64n256k64h", 4, 1, 2, 4, 1, 4, 1) /* M 17-256 on 100 KB SMs: 8 warps of 64x32, 4 stages in 69 KB */ \
+    X(7, WIDE32, "m32n256k64h", 2, 1, 2, 4, 1, 4, 1) /* M 17-32 on 100 KB SMs: 8 warps of 32x32, each weight           \
+                                                        dequantised once for 32 rows */
 
 /* Named config ids (W4A16_CFG_DECODE, ...) for the profiles. */
 enum {
@@ -30,7 +32,7 @@ enum {
     W4A16_GEMM_CONFIGS(W4A16_CFG_ENUM_)
 #undef W4A16_CFG_ENUM_
 };
-enum { W4A16_NUM_GEMM_CONFIGS = 7 };
+enum { W4A16_NUM_GEMM_CONFIGS = 8 };
 
 /* Hopper wgmma GEMM tiles (sm_90a only; kernels/gemm_sm90.cuh):
  *   X(id, symbol, TM, NH, WG, STAGES, MINB, KPB)
