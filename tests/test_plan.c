@@ -438,13 +438,53 @@ static void test_forced_profile_while_planning(void **state) {
     assert_true(plans[0] > 0 && plans[1] > 0);
 }
 
+/* By hand: stream-K plans of the mma.sync tile kernel (configs.h, profiles.c, plan.c), Marlin fp16, small workspace.
+ * Stage bytes: A BM x BK x 2 + weights (BK / 16) x 2 BN x 4 + scales (BK / 32) x BN x 2 + zeros (BK / 32) x BN / 2. */
+static void test_hand_checked_stream_k(void **state) {
+    (void)state;
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma;
+        const char *forced;
+        int M, N, K, cfg, stages, smem, sk_blocks, sk_tiles, grid;
+    } c[] = {
+        /* M 65-256 on sm120: the 128 x 256 tile (3 x 25856 bytes: one per 100 KB SM) since its 1 x 112 tiles x 64
+         * k-tiles = 7168 >= 40 k-tiles x 170 slots; 112 tiles fill 66% of the 170 slots: all share them */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, W4A16_CFG_LARGE_MARLIN, 3, 77568, 170, 112, 170},
+        /* M 17-32 on sm120: the 32 x 256 tile (3 x 13568 bytes, one block per SM by its register budget); 24 tiles are
+         * under half of 132 slots: each split 5 ways (132 / 24), no block straddles two */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, W4A16_CFG_WIDE32, 3, 40704, 120, 24, 120},
+        /* M > 256 on sm80: the 128 x 256 tile with 4 stages (103424 bytes: one per 164 KB SM); 4 x 40 = 160 tiles are
+         * one wave of 108 and 52 more (48% full): those 52 and one wave share the 108 slots, no tile runs whole */
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 108, 160, 108},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, c[i].M, c[i].N, c[i].K,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s M=%d: %s\n", c[i].name, c[i].M, text);
+        assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
+        assert_int_equal(pl.cfg, c[i].cfg);
+        assert_int_equal(pl.stages, c[i].stages);
+        assert_int_equal(pl.smem_bytes, c[i].smem);
+        assert_int_equal(pl.blocks_per_sm, 1);
+        assert_int_equal(pl.sk_blocks, c[i].sk_blocks);
+        assert_int_equal(pl.sk_tiles, c[i].sk_tiles);
+        assert_int_equal(pl.grid[0], c[i].grid);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_recorded_decisions),
-        cmocka_unit_test(test_forced_profile_emulates_its_sm),
-        cmocka_unit_test(test_plan_invariants),
-        cmocka_unit_test(test_hand_checked),
-        cmocka_unit_test(test_forced_profile_while_planning),
+        cmocka_unit_test(test_recorded_decisions),    cmocka_unit_test(test_forced_profile_emulates_its_sm),
+        cmocka_unit_test(test_plan_invariants),       cmocka_unit_test(test_hand_checked),
+        cmocka_unit_test(test_hand_checked_stream_k), cmocka_unit_test(test_forced_profile_while_planning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
