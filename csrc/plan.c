@@ -35,6 +35,14 @@ int w4a16_staged_grid(int M, int nc, int sm_count) {
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/* Resident blocks per SM of a tile using smem_bytes of shared memory: the register budget its instance was built for
+ * (minb), or fewer where shared memory runs out first (each block also takes the system's reserved shared memory). */
+static int tile_blocks_per_sm(const w4a16_device_state *st, int smem_bytes, int minb) {
+    int per_sm = st->smem_per_sm / (smem_bytes + st->smem_reserved);
+    if (per_sm > minb) per_sm = minb;
+    return per_sm < 1 ? 1 : per_sm;
+}
+
 /* Stream-K for the mma.sync tile kernel (kernels/gemm.cuh): `tiles` tiles of num_kt k-tiles on `slots` resident
  * block slots.
  *  - Whole tiles while they fill the slots in full waves, or nearly (a last wave at least W4A16_SK_MIN_WAVE_FILL
@@ -46,16 +54,14 @@ static int cdiv(int a, int b) { return (a + b - 1) / b; }
  *    run whole.
  * The blocks never outnumber the slots (the workspace holds two partial tiles per slot and a counter per two).
  * `straddle` 0: never the last case (a block then computes parts of one tile only). */
-enum { W4A16_SK_MIN_WAVE_FILL = 90, W4A16_SK_MAX_SHARE = 16 };
+enum { W4A16_SK_MIN_WAVE_FILL = 90 };
 void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int straddle, int *sk_blocks,
                          int *sk_tiles) {
     *sk_blocks = *sk_tiles = 0;
     const long long waves = tiles / slots, rest = tiles % slots;
     if (rest == 0 || rest * 100 >= (long long)slots * W4A16_SK_MIN_WAVE_FILL) return;
-    if (waves == 0 && tiles * 2 <= slots) {
-        long long s = slots / tiles;
-        if (s > num_kt / min_kt) s = num_kt / min_kt;
-        if (s > W4A16_SK_MAX_SHARE) s = W4A16_SK_MAX_SHARE;
+    if (waves == 0 && tiles * 2 <= slots) { /* the uniform K split of the other kernels */
+        const int s = w4a16_choose_splits(1, (int)tiles, num_kt, slots, min_kt);
         if (s > 1) {
             *sk_blocks = (int)(tiles * s);
             *sk_tiles = (int)tiles;
@@ -117,9 +123,7 @@ static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int lay
          * for that many k-tiles (its blocks per SM by shared memory) */
         const w4a16_tile_choice *lc = layout == W4A16_LAYOUT_MARLIN ? &p->large : &p->large_awq;
         const w4a16_gemm_config *l = w4a16_config(lc->cfg);
-        const int lsmem = w4a16_cfg_smem_bytes(l, layout, lc->stages);
-        int per_sm = st->smem_per_sm / (lsmem + st->smem_reserved);
-        per_sm = per_sm < 1 ? 1 : per_sm > l->minb ? l->minb : per_sm;
+        const int per_sm = tile_blocks_per_sm(st, w4a16_cfg_smem_bytes(l, layout, lc->stages), l->minb);
         const long long kt = (long long)cdiv(M, w4a16_cfg_bm(l)) * cdiv(N, w4a16_cfg_bn(l)) * cdiv(K, w4a16_cfg_bk(l));
         if (kt >= (long long)p->mid2_large_kt_per_slot * st->sm_count * per_sm) return lc;
     }
@@ -160,14 +164,11 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
     pl->stages = tc->stages;
     pl->threads = w4a16_cfg_threads(c);
     pl->smem_bytes = w4a16_cfg_smem_bytes(c, layout, tc->stages);
-    /* resident blocks per SM: the register budget the kernel instance was built for, or fewer where shared memory
-     * runs out first (each block also takes the system's reserved shared memory) */
+    /* the register budget the kernel instance was built for */
     const int minb = pl->kind == W4A16_KERNEL_DECODE16        ? W4A16_DECODE16_MINB(c->minb, layout, dtype)
                      : pl->kind == W4A16_KERNEL_MMA && decode ? W4A16_TILE_MINB(c->minb)
                                                               : c->minb;
-    int per_sm = st->smem_per_sm / (pl->smem_bytes + st->smem_reserved);
-    if (per_sm > minb) per_sm = minb;
-    pl->blocks_per_sm = per_sm < 1 ? 1 : per_sm;
+    pl->blocks_per_sm = tile_blocks_per_sm(st, pl->smem_bytes, minb);
     if (pl->kind == W4A16_KERNEL_MMA) {
         /* one-dimensional grid: the stream-K blocks, then one block per remaining tile */
         if (workspace_bytes > 0)
