@@ -109,73 +109,59 @@ static uint64_t grid_hash(const w4a16_device_state *st, const char *dev, int lay
     return h;
 }
 
-/* W4A16_PLAN_RECORD=<file>: write the current plans in the recorded format (after a deliberate change of the launch
- * decisions; the commit that changes them says why). */
-static void record_decisions(const char *path) {
-    FILE *in = fopen(PLAN_RECORDED, "r"), *out = fopen(path, "w");
-    if (!in || !out) fail_msg("cannot open %s or %s", PLAN_RECORDED, path);
-    char buf[512], line[256];
-    while (fgets(buf, sizeof buf, in)) {
-        buf[strcspn(buf, "\n")] = 0;
-        char dev[32], lay[16], dt[16], wsn[16];
-        unsigned long long want;
-        int G, M, N, K;
-        if (buf[0] == '#') {
-            fprintf(out, "%s\n", buf);
-        } else if (sscanf(buf, "hash %31s %15s %15s %llx", dev, lay, dt, &want) == 4) {
-            w4a16_device_state st = device_state(find_device(dev));
-            fprintf(out, "hash %s %s %s %016llx\n", dev, lay, dt,
-                    (unsigned long long)grid_hash(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0));
-        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N, &K) ==
-                   8) {
-            int ws = 0;
-            while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
-            w4a16_device_state st = device_state(find_device(dev));
-            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line, sizeof line);
-            fprintf(out, "line %s\n", line);
-        }
+/* One line of the recorded file as today's plans would write it: a hash line with the current grid hash, a plan line
+ * with the current plan, anything else (comments) as it is. Returns 1 for a hash line, 2 for a plan line, 0 else. */
+static int current_line(const char *buf, char *out, size_t size) {
+    char dev[32], lay[16], dt[16], wsn[16], line[256];
+    unsigned long long want;
+    int G, M, N, K;
+    if (sscanf(buf, "hash %31s %15s %15s %llx", dev, lay, dt, &want) == 4) {
+        const plan_device *d = find_device(dev);
+        assert_non_null(d);
+        w4a16_device_state st = device_state(d);
+        snprintf(out, size, "hash %s %s %s %016llx", dev, lay, dt,
+                 (unsigned long long)grid_hash(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0));
+        return 1;
     }
-    fclose(in);
-    fclose(out);
+    if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N, &K) == 8) {
+        int ws = 0;
+        while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
+        assert_true(ws < 4);
+        w4a16_device_state st = device_state(find_device(dev));
+        plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line, sizeof line);
+        snprintf(out, size, "line %s", line);
+        return 2;
+    }
+    snprintf(out, size, "%s", buf);
+    return 0;
 }
 
+/* Every line of tests/plan_recorded.txt against today's plans. W4A16_PLAN_RECORD=<file> also writes today's lines
+ * there (after a deliberate change of the launch decisions; the commit that changes them says why). */
 static void test_recorded_decisions(void **state) {
     (void)state;
-    if (getenv("W4A16_PLAN_RECORD")) record_decisions(getenv("W4A16_PLAN_RECORD"));
     FILE *f = fopen(PLAN_RECORDED, "r");
     if (!f) fail_msg("cannot open %s (run from the repository root)", PLAN_RECORDED);
-    char buf[512], line[256];
+    const char *record = getenv("W4A16_PLAN_RECORD");
+    FILE *out = record ? fopen(record, "w") : NULL;
+    if (record && !out) fail_msg("cannot open %s", record);
+    char buf[512], now[512];
     int hashes = 0, lines = 0, bad = 0;
     while (fgets(buf, sizeof buf, f)) {
         buf[strcspn(buf, "\n")] = 0;
-        char dev[32], lay[16], dt[16], wsn[16];
-        unsigned long long want;
-        int G, M, N, K;
-        if (sscanf(buf, "hash %31s %15s %15s %llx", dev, lay, dt, &want) == 4) {
-            const plan_device *d = find_device(dev);
-            assert_non_null(d);
-            w4a16_device_state st = device_state(d);
-            uint64_t got = grid_hash(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0);
-            if (got != want) {
-                print_message("  plans differ from the recorded ones: %s %s %s\n", dev, lay, dt);
-                bad++;
-            }
-            hashes++;
-        } else if (sscanf(buf, "line %31s %15s %15s G=%d ws=%15s M=%d N=%d K=%d:", dev, lay, dt, &G, wsn, &M, &N, &K) ==
-                   8) {
-            int ws = 0;
-            while (ws < 4 && strcmp(ws_names[ws], wsn) != 0) ws++;
-            assert_true(ws < 4);
-            w4a16_device_state st = device_state(find_device(dev));
-            plan_line(&st, dev, strcmp(lay, "marlin") == 0, strcmp(dt, "bf16") == 0, G, ws, M, N, K, line, sizeof line);
-            if (strcmp(line, buf + 5) != 0) {
-                print_message("  recorded: %s\n  planned:  %s\n", buf + 5, line);
-                bad++;
-            }
-            lines++;
-        }
+        const int kind = current_line(buf, now, sizeof now);
+        if (out) fprintf(out, "%s\n", now);
+        hashes += kind == 1;
+        lines += kind == 2;
+        if (strcmp(now, buf) == 0) continue;
+        if (kind == 1)
+            print_message("  plans differ from the recorded ones: %s\n", buf + 5);
+        else
+            print_message("  recorded: %s\n  planned:  %s\n", buf + 5, now + 5);
+        bad++;
     }
     fclose(f);
+    if (out) fclose(out);
     print_message("  %d hashed groups and %d lines compared\n", hashes, lines);
     assert_int_equal(hashes, PLAN_NUM_DEVICES * 4);
     assert_true(lines > 1000);
