@@ -290,32 +290,29 @@ __device__ __forceinline__ bool stream_k_reduce(const GemmArgs &p, int tile, int
         return base + (size_t)(2 * b + (b > b0 || sk_begin(b0, q, rem, blocks) == x0 ? 0 : 1)) * tile_f4;
     };
     if constexpr (NSLOT <= 8) {
-        // U blocks' partials of every slot are loaded before any is added (U x NSLOT loads in flight, not one L2
-        // round trip per block); the sums build up in the slots themselves, in block order (deterministic).
-        constexpr int U = 1; // NSLOT loads in flight per block (more spill under the register budget)
+        // Each block's partials of every slot are loaded before any is added (NSLOT loads in flight per L2 round
+        // trip; more blocks at once spill under the register budget); the sums build up in the slots themselves, in
+        // block order (deterministic).
 #pragma unroll
         for (int s = 0; s < NSLOT; s++) {
             float *x = slot(s);
             x[0] = x[1] = x[2] = x[3] = 0.f;
         }
-        for (int bb = b0; bb <= b1; bb += U) {
-            float4 v[U][NSLOT];
+        for (int b = b0; b <= b1; b++) {
+            const float4 *src = part(b);
+            float4 v[NSLOT];
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int s = 0; s < NSLOT; s++)
+                if (live(s)) v[s] = load_partial<T>(src + s * stride, p.reduce_dtype);
 #pragma unroll
-                for (int s = 0; s < NSLOT; s++)
-                    if (bb + u <= b1 && live(s)) v[u][s] = load_partial<T>(part(bb + u) + s * stride, p.reduce_dtype);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int s = 0; s < NSLOT; s++)
-                    if (bb + u <= b1 && live(s)) {
-                        float *x = slot(s);
-                        x[0] += v[u][s].x;
-                        x[1] += v[u][s].y;
-                        x[2] += v[u][s].z;
-                        x[3] += v[u][s].w;
-                    }
+            for (int s = 0; s < NSLOT; s++)
+                if (live(s)) {
+                    float *x = slot(s);
+                    x[0] += v[s].x;
+                    x[1] += v[s].y;
+                    x[2] += v[s].z;
+                    x[3] += v[s].w;
+                }
         }
     } else {
         // Many slots: the first block's partials straight into the slots (all NSLOT loads in flight, no extra
