@@ -26,6 +26,12 @@
     X(7, WIDE32, "m32n256k64h", 2, 1, 2, 4, 1, 4, 1) /* M 17-32 on 100 KB SMs: 8 warps of 32x32, each weight           \
                                                         dequantised once for 32 rows */
 
+/* The (config, pipeline stages) pairs the mma.sync tile kernel is compiled for: its stage count is a template
+ * parameter (immediate copy waits, a ring of constant size), so each pair is its own instance. Every tile choice of
+ * every profile that runs the tile kernel is one of these (tests/test_profiles.c checks it).
+ *   X(config id, stages) */
+#define W4A16_TILE_STAGES(X) X(0, 3) X(1, 3) X(1, 4) X(2, 3) X(2, 4) X(3, 3) X(3, 4) X(4, 5) X(6, 4) X(7, 3)
+
 /* Named config ids (W4A16_CFG_DECODE, ...) for the profiles. */
 enum {
 #define W4A16_CFG_ENUM_(id, sym, name, MT, WM, NH, WN, WK, KS, MINB) W4A16_CFG_##sym = id,
@@ -33,6 +39,21 @@ enum {
 #undef W4A16_CFG_ENUM_
 };
 enum { W4A16_NUM_GEMM_CONFIGS = 8 };
+
+/* Whether the tile kernel of config `id` is compiled with `stages` pipeline stages (W4A16_TILE_STAGES); the smallest
+ * stage count compiled for it, 0 for none. */
+static inline int w4a16_tile_stages_compiled(int id, int stages) {
+#define W4A16_TS_IS_(c, s)                                                                                             \
+    if (id == c && stages == s) return 1;
+    W4A16_TILE_STAGES(W4A16_TS_IS_)
+#undef W4A16_TS_IS_
+    return 0;
+}
+static inline int w4a16_tile_min_stages(int id) {
+    for (int s = 2; s <= 8; s++)
+        if (w4a16_tile_stages_compiled(id, s)) return s;
+    return 0;
+}
 
 /* Hopper wgmma GEMM tiles (sm_90a only; kernels/gemm_sm90.cuh):
  *   X(id, symbol, TM, NH, WG, STAGES, MINB, KPB)

@@ -10,7 +10,7 @@
 #endif
 
 namespace w4a16 {
-#define W4A16_DECL_(d, l) GemmKernelRef gemm_kernel_##d##_##l(int kind, int cfg);
+#define W4A16_DECL_(d, l) GemmKernelRef gemm_kernel_##d##_##l(int kind, int cfg, int stages);
 W4A16_GEMM_INSTANCES(W4A16_DECL_)
 #undef W4A16_DECL_
 #ifdef W4A16_HAVE_WGMMA
@@ -29,11 +29,12 @@ int dense_smem_bytes_1_0();
     GemmKernelRef {}
 #endif
 
-// The compiled kernel of (kind, cfg) for a (dtype, layout) pair; no kernel (fn null) for a combination never built.
-static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg) {
+// The compiled kernel of (kind, cfg, stages) for a (dtype, layout) pair; no kernel (fn null) for a combination never
+// built (stages matters to the tile kernel only).
+static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg, int stages) {
 #define W4A16_PICK_(d, l)                                                                                              \
     if (dtype == d && layout == l)                                                                                     \
-        return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg) : gemm_kernel_##d##_##l(kind, cfg);
+        return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg) : gemm_kernel_##d##_##l(kind, cfg, stages);
     W4A16_GEMM_INSTANCES(W4A16_PICK_)
 #undef W4A16_PICK_
     return {};
@@ -59,7 +60,7 @@ namespace w4a16 {
 // The plan's kernel with its dynamic shared memory and carveout set, as the launch and the occupancy query need it.
 static cudaError_t prepare(const w4a16_gemm_launch *a, GemmKernelRef *k, int *smem) {
     const w4a16_plan &p = a->plan;
-    *k = find_kernel(a->dtype, a->layout, p.kind, p.cfg);
+    *k = find_kernel(a->dtype, a->layout, p.kind, p.cfg, p.stages);
     if (!k->fn) return p.kind == W4A16_KERNEL_WGMMA ? cudaErrorInvalidDeviceFunction : cudaErrorInvalidValue;
     if (k->threads != p.threads) return cudaErrorInvalidValue; // the plan and the compiled kernel disagree
     *smem = k->smem_bytes ? k->smem_bytes : p.smem_bytes;
@@ -98,8 +99,8 @@ extern "C" int w4a16_gemm_occupancy(const w4a16_gemm_launch *a, int *blocks_per_
 }
 
 extern "C" int w4a16_probe_gemm(int dtype, int layout, int cfg, int *binary_version) {
-    GemmKernelRef k = find_kernel(dtype, layout, W4A16_KERNEL_DECODE8, cfg);
-    if (!k.fn) k = find_kernel(dtype, layout, W4A16_KERNEL_MMA, cfg);
+    GemmKernelRef k = find_kernel(dtype, layout, W4A16_KERNEL_DECODE8, cfg, 0);
+    if (!k.fn) k = find_kernel(dtype, layout, W4A16_KERNEL_MMA, cfg, w4a16_tile_min_stages(cfg));
     if (!k.fn) return cudaErrorInvalidValue;
     cudaFuncAttributes attr;
     cudaError_t e = cudaFuncGetAttributes(&attr, k.fn);

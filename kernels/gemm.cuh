@@ -112,7 +112,7 @@ template <typename T> __device__ __forceinline__ float4 load_partial(const float
     auto lo = D::from_bits(u.x), hi = D::from_bits(u.y);
     return make_float4(D::to_float(lo.x), D::to_float(lo.y), D::to_float(hi.x), D::to_float(hi.y));
 }
-// The cp.async pipeline of the mma.sync kernels: `stages` buffers of BYTES in a ring, advanced by pointer (no run-time
+// The decode kernel's cp.async pipeline: `stages` buffers of BYTES in a ring, advanced by pointer (no run-time
 // modulo of the profile's stage count). prologue() issues k-tiles 0 .. stages - 2 (and holds the block's pdl_wait);
 // step(i) waits for k-tile i, makes it visible to the block (one barrier), issues k-tile i + stages - 1 into the
 // buffer k-tile i - 1 used, and returns k-tile i's buffer. issue(j, buffer) copies k-tile j of the block's range.
@@ -139,6 +139,39 @@ template <int BYTES> struct StageRing {
         const unsigned char *st = cur;
         cur = next(cur);
         return st;
+    }
+};
+
+// The tile kernel's pipeline: STAGES buffers of BYTES, a compile-time count, so that the copy waits are immediates and
+// the ring is a shared-memory offset (no generic pointers to rebuild per k-tile). prologue() fills every buffer
+// (k-tiles 0 .. STAGES - 1), first() waits for k-tile 0 and makes it visible. advance(), called in k-tile i once this
+// thread has read all it needs of k-tile i's buffer, waits for k-tile i + 1 and makes it visible (one barrier: after it
+// no warp reads k-tile i's buffer again) and returns its buffer; refill(i) then issues k-tile i + STAGES into k-tile
+// i's buffer, so every copy has STAGES - 1 k-tiles' time to land.
+template <int BYTES, int STAGES> struct TileRing {
+    static_assert(STAGES >= 2 && STAGES <= 8, "cp.async.wait_group takes 0 .. 7");
+    unsigned char *const base;
+    uint32_t cur = 0, prev = 0; // offsets of k-tile i's and k-tile i - 1's buffers
+    const int nk;
+    __device__ __forceinline__ TileRing(unsigned char *smem, int nk_) : base(smem), nk(nk_) {}
+    template <typename Copy> __device__ __forceinline__ void prologue(Copy &copy, const GemmArgs &p, int kt_begin) {
+        copy.prologue(p, base, BYTES, kt_begin, min(STAGES, nk), STAGES);
+    }
+    __device__ __forceinline__ const unsigned char *first() {
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        return base;
+    }
+    __device__ __forceinline__ const unsigned char *advance() {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        prev = cur;
+        cur = cur + BYTES == STAGES * BYTES ? 0 : cur + BYTES;
+        return base + cur;
+    }
+    template <typename Issue> __device__ __forceinline__ void refill(int i, Issue issue) {
+        if (i + STAGES < nk) issue(i + STAGES, base + prev);
+        cp_async_commit();
     }
 };
 
@@ -354,7 +387,7 @@ __device__ __forceinline__ bool stream_k_reduce(const GemmArgs &p, int tile, int
     return true;
 }
 
-template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
+template <typename T, int LAYOUT, int MT, int WM, int NH, int WN, int WK, int KS, int MINB, int STAGES>
 __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(const GemmArgs p) {
     using D = Dtype<T>;
     constexpr int THREADS = 32 * WM * NH * WN * WK;
@@ -374,7 +407,6 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     const int j0 = wh * NB; // first n8 block of this warp inside its 64-column group
     const int q = lane & 3, r = lane >> 2;
     const int M = p.M, N = p.N;
-    const int stages = p.stages;
     const int tiles_m = (M + BM - 1) / BM, num_kt = (p.K + BK - 1) / BK;
 
     // ---- one segment: k-tiles [kt_begin, kt_begin + nk) of the tile at (m0, n0); full when nk == num_kt
@@ -414,8 +446,9 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane,
                           buf); // each warp owns a contiguous K range of the stage
         };
-        auto compute = [&](const unsigned char *st, int ks, int buf) {
-            if constexpr (ABUF == 1) load_a(st, ks, 0);
+        auto compute = [&](const unsigned char *st, int ks, int buf, bool a_loaded) {
+            if constexpr (ABUF == 1)
+                if (!a_loaded) load_a(st, ks, 0);
             uint32_t b[NB][2];
             copy.wt.dequant(buf, wh, b);
 #pragma unroll
@@ -424,16 +457,34 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                 for (int j = 0; j < NB; j++) D::mma(acc[mt][j], fa[ABUF == 2 ? buf : 0][mt], b[j]);
         };
 
-        // ---- main loop: one barrier per stage; the next stage's copies are issued before this one is computed
-        StageRing<STAGE_BYTES> ring(smem, stages, nk);
+        // ---- main loop, one barrier per k-tile, placed before the k-tile's last k16 step: every read of k-tile i's
+        // buffer (fragments of steps 1 .. KS - 1, its group constants) comes before it, and after it the warps have
+        // that step's MMAs to issue while k-tile i + 1's first fragments load, instead of all of them waiting for
+        // shared memory right after the barrier. The copies of k-tile i + stages refill k-tile i's buffer right after
+        // that barrier (TileRing::advance / refill).
+        static_assert(KS % 2 == 0, "the fragment buffers alternate per k16 step, across k-tiles too");
+        TileRing<STAGE_BYTES, STAGES> ring(smem, nk);
         auto issue = [&](int j, unsigned char *buf) { copy.issue(p, buf, kt_begin + j); };
         ring.prologue(copy, p, kt_begin);
+        const unsigned char *st = ring.first();
+        load_frags(st, 0, 0);
         int cur_group = -1;
         for (int i = 0; i < nk; i++) {
-            const unsigned char *st = ring.step(i, issue);
             const int k0 = (kt_begin + i) * BK;
             const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
-            load_frags(st, 0, 0);
+            // k16 step ks: fragments of step ks + 1 (of the next k-tile after the barrier, at the last step), then
+            // the MMAs of step ks
+            auto run_step = [&](int ks) {
+                if constexpr (ABUF == 1)
+                    if (ks + 1 == KS) load_a(st, ks, 0); // before the barrier: st is refilled after it
+                if (ks + 1 < KS) {
+                    load_frags(st, ks + 1, (ks + 1) & 1);
+                } else if (i + 1 < nk) {
+                    load_frags(ring.advance(), 0, 0);
+                    ring.refill(i, issue);
+                }
+                compute(st, ks, ks & 1, ks + 1 == KS);
+            };
             if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: its constants at most once per stage
                 const int g = kw >> gshift;
                 if (g != cur_group) {
@@ -441,22 +492,19 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
                     load_group(st, min(g, g_last) - (k0 >> gshift));
                 }
 #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
-                    compute(st, ks, ks & 1);
-                }
+                for (int ks = 0; ks < KS; ks++) run_step(ks);
             } else { // small groups: a new group may start at any k16 step
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) {
-                    if (ks + 1 < KS) load_frags(st, ks + 1, (ks + 1) & 1);
                     const int g = (kw + ks * 16) >> gshift;
                     if (g != cur_group) {
                         cur_group = g;
                         load_group(st, min(g, g_last) - (k0 >> gshift));
                     }
-                    compute(st, ks, ks & 1);
+                    run_step(ks);
                 }
             }
+            st = ring.base + ring.cur;
         }
         cp_async_wait_all();
         if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads

@@ -49,11 +49,19 @@ static void test_profiles_are_well_formed(void **state) {
     (void)state;
     for (const char *const *name = w4a16_profile_names(); *name; name++) {
         const w4a16_profile *p = w4a16_find_profile(*name);
-        const w4a16_tile_choice *all[] = {&p->small,     &p->mid,         &p->mid2,    &p->large,
-                                          &p->large_awq, &p->small_split, &p->mid_wide};
+        const w4a16_tile_choice *all[] = {&p->small,     &p->mid,         &p->mid2,     &p->large,
+                                          &p->large_awq, &p->small_split, &p->mid_wide, &p->mid32};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-            assert_non_null(w4a16_config(all[i]->cfg));
+            if (all[i] == &p->mid32 && p->mid32_max_m == 0) continue;
+            const w4a16_gemm_config *c = w4a16_config(all[i]->cfg);
+            assert_non_null(c);
             assert_in_range(all[i]->stages, 2, 6);
+            /* a choice the tile kernel runs (every config but the 16-token ones that have a 16-token decode kernel)
+             * must be compiled with its stage count: the tile kernel's stage count is a template parameter */
+            if (!w4a16_cfg_is_decode(c) || c->minb > W4A16_DECODE16_MAX_MINB)
+                if (!w4a16_tile_stages_compiled(all[i]->cfg, all[i]->stages))
+                    fail_msg("profile %s: tile config %d with %d stages is not in W4A16_TILE_STAGES", *name,
+                             all[i]->cfg, all[i]->stages);
         }
         assert_true(p->small_max_m < p->mid_max_m && p->mid_max_m < p->mid2_max_m);
         if (p->wgmma_min_m) assert_int_equal(p->arch, 90); /* the sm_90a kernel belongs to the sm90 profile only */
