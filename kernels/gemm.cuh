@@ -446,9 +446,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             copy.wt.fetch(st + A_BYTES, wk * KS + ks, wn, wh, lane,
                           buf); // each warp owns a contiguous K range of the stage
         };
-        auto compute = [&](const unsigned char *st, int ks, int buf, bool a_loaded) {
-            if constexpr (ABUF == 1)
-                if (!a_loaded) load_a(st, ks, 0);
+        auto compute = [&](int buf) { // the MMAs of a k16 step from its fragments (A in fa[0] when ABUF == 1)
             uint32_t b[NB][2];
             copy.wt.dequant(buf, wh, b);
 #pragma unroll
@@ -473,17 +471,20 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
             const int k0 = (kt_begin + i) * BK;
             const int kw = k0 + wk * KS * 16; // this warp's contiguous K range of the stage: [kw, kw + 16 KS)
             // k16 step ks: fragments of step ks + 1 (of the next k-tile after the barrier, at the last step), then
-            // the MMAs of step ks
+            // the MMAs of step ks. A fragments that are not double-buffered are loaded for step ks itself, at the
+            // last step before the barrier (st is refilled after it).
             auto run_step = [&](int ks) {
-                if constexpr (ABUF == 1)
-                    if (ks + 1 == KS) load_a(st, ks, 0); // before the barrier: st is refilled after it
                 if (ks + 1 < KS) {
                     load_frags(st, ks + 1, (ks + 1) & 1);
-                } else if (i + 1 < nk) {
-                    load_frags(ring.advance(), 0, 0);
-                    ring.refill(i, issue);
+                    if constexpr (ABUF == 1) load_a(st, ks, 0);
+                } else {
+                    if constexpr (ABUF == 1) load_a(st, ks, 0);
+                    if (i + 1 < nk) {
+                        load_frags(ring.advance(), 0, 0);
+                        ring.refill(i, issue);
+                    }
                 }
-                compute(st, ks, ks & 1, ks + 1 == KS);
+                compute(ks & 1);
             };
             if ((kw >> gshift) == ((kw + 16 * KS - 1) >> gshift)) { // one group: its constants at most once per stage
                 const int g = kw >> gshift;
