@@ -505,6 +505,16 @@ static void check_gemm(const experts *X, const routing *R, const int32_t *ids, i
     free(ref);
 }
 
+/* Both grouped GEMMs on a fresh set of E experts: the first with bias when bias_first, the second otherwise. */
+static void check_both_gemms(const routing *R, const int32_t *ids, int T, int top_k, int E, int K, int N, int G,
+                             w4a16_dtype dt, int kind, int bias_first, const char *label, stats *st) {
+    experts X;
+    experts_make(&X, E, K, N, G, dt, kind);
+    check_gemm(&X, R, ids, T, top_k, 0, bias_first, label, st);
+    check_gemm(&X, R, ids, T, top_k, 1, !bias_first, label, st);
+    experts_free(&X);
+}
+
 static const int group_list[] = {32, 64, 128, -1};
 static const int block_list[] = {8, 16, 32, 48, 64};
 
@@ -525,11 +535,7 @@ static void run_case(int T, int E, int top_k, int K, int N, int mode, int rot, s
                  ids_name[mode], kind_name[kind], dt == W4A16_BF16 ? "bf16" : "fp16", G, bs);
         routing R;
         route(&R, ids, d_ids, T, top_k, E, bs, label);
-        experts X;
-        experts_make(&X, E, K, N, G, dt, kind);
-        check_gemm(&X, &R, ids, T, top_k, 0, combo % 2, label, st);
-        check_gemm(&X, &R, ids, T, top_k, 1, combo % 2 == 0, label, st);
-        experts_free(&X);
+        check_both_gemms(&R, ids, T, top_k, E, K, N, G, dt, kind, combo % 2, label, st);
         routing_free(&R);
     }
     cudaFree(d_ids);
@@ -750,11 +756,7 @@ static void check_tiles16(const char *profile, stats *st) {
             const w4a16_dtype dt = combo < 3 ? W4A16_FP16 : W4A16_BF16;
             snprintf(label, sizeof label, "%s tile %s(T=%d) %s %s G=%d", profile, want[w], T, kind_name[kind],
                      dt == W4A16_BF16 ? "bf16" : "fp16", G);
-            experts X;
-            experts_make(&X, E, K, N, G, dt, kind);
-            check_gemm(&X, &R, ids, T, top_k, 0, combo % 2, label, st);
-            check_gemm(&X, &R, ids, T, top_k, 1, combo % 2 == 0, label, st);
-            experts_free(&X);
+            check_both_gemms(&R, ids, T, top_k, E, K, N, G, dt, kind, combo % 2, label, st);
         }
         routing_free(&R);
         cudaFree(d_ids);
