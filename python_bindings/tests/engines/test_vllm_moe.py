@@ -6,7 +6,7 @@ GEMM records its arguments and writes random rows. vLLM's own code runs the expe
 (awq/gptq_marlin_moe_repack, marlin_moe_permute_scales, moe_awq_to_marlin_zero_points, marlin_permute_bias) and its
 `fused_marlin_moe`, whose two `_moe_C::moe_wna16_marlin_gemm` calls reach w4a16 through the dispatcher. Stood in for:
 vLLM's routing kernel (moe_align_block_size, CUDA only; replaced by a CPU twin of its documented output) and the
-SiLU-and-mul activation kernel (CUDA only)."""
+SiLU-and-mul activation kernel (CUDA only), and in 0.11 the GPU capability query that picks use_atomic_add."""
 
 import importlib
 import importlib.metadata
@@ -31,17 +31,19 @@ VERSION = importlib.metadata.version("vllm")
 GEN = adapter_mod.generation_named(VERSION)
 MOE = adapter_mod.Generation.MOE
 DTYPES = (torch.float16, torch.bfloat16)
-SERVED = GEN is not None and GEN.moe is not None  # vLLM 0.11's MoE schema (with is_ep) is left to vLLM
+# a release whose wheel has the MoE GEMM (every recorded one) must have it served: without a MoE schema in its
+# generation the tests below fail rather than skip
+SERVED = f"_moe_C::{MOE}" in json.load(open(schema_record_path("vllm", VERSION)))["ops"]
 
 
 @pytest.fixture(autouse=True)
 def _where_served(request):
     if not SERVED and request.node.originalname != "test_moe_schema_refused_with_one_line":
-        pytest.skip(f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+        pytest.skip(f"vLLM {VERSION} has no _moe_C::{MOE} op")
 
 
 def test_moe_schema_refused_with_one_line(monkeypatch):
-    """Where the generation has no MoE schema (0.11), or the live one is not it: one line, MoE left alone."""
+    """Where the generation has no MoE schema, or the live one is not it: one line, MoE left alone."""
     lines = _capture_log(monkeypatch)
     if SERVED:
         monkeypatch.setattr(GEN, "moe", None)
@@ -196,8 +198,9 @@ def align_cpu(
     topk_ids, block_size, num_experts, expert_map=None, pad_sorted_ids=False, ignore_invalid_experts=False, **kw
 ):
     """CPU twin of vLLM's moe_align_block_size output (its buffer sizes; each expert's pair indices padded to a
-    multiple of block_size with numel; the expert of each block)."""
-    assert expert_map is None
+    multiple of block_size with numel; the expert of each block). With expert parallelism as 0.11 does it: routed over
+    all num_experts, then each block's expert mapped through expert_map (-1: another rank's expert)."""
+    assert expert_map is None or not ignore_invalid_experts, "the twin has 0.11's expert_map handling only"
     numel = topk_ids.numel()
     cap = min(numel * block_size, numel + num_experts * (block_size - 1))
     sorted_ids = torch.full((cap,), numel, dtype=torch.int32)
@@ -210,6 +213,8 @@ def align_cpu(
             nb = (idx.numel() + block_size - 1) // block_size
             expert_ids[pos // block_size : pos // block_size + nb] = e
             pos += nb * block_size
+    if expert_map is not None:
+        expert_ids = torch.where(expert_ids >= 0, expert_map.to(torch.int32)[expert_ids.clamp(min=0)], expert_ids)
     return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32)
 
 
@@ -228,6 +233,11 @@ def _fused_module():
 def _silu_and_mul(activation, out, inp, **kw):
     n = inp.shape[1] // 2
     out.copy_(torch.nn.functional.silu(inp[:, :n]) * inp[:, n:])
+
+
+def no_gpu_queries(monkeypatch):
+    """0.11's fused_marlin_moe asks the GPU's capability (for use_atomic_add and a bf16 hint): answer an H100's."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -290,6 +300,7 @@ def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, 
     H, inter, top_k = 256, 128, 2
     fm = _fused_module()
     monkeypatch.setattr(fm, "moe_align_block_size", align_cpu)
+    no_gpu_queries(monkeypatch)
     seed = E * 1000 + T * 10 + G + (method == "gptq") + 2 * bias
     qw13, qz13, s13 = _experts(method, E, H, 2 * inter, G, dtype, seed)
     qw2, qz2, s2 = _experts(method, E, inter, H, G, dtype, seed + 1)
@@ -347,6 +358,79 @@ def test_fused_marlin_moe_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, 
     assert _same(y, torch.sum(c2["out"].view(T, top_k, H), dim=1))
 
 
+def _is_ep_spy(rec, monkeypatch):
+    """The is_ep argument of each MoE call that reaches the adapter (None where the schema has none)."""
+    seen, decide = [], rec.adapter._moe_reason
+    monkeypatch.setattr(rec.adapter, "_moe_reason", lambda p: seen.append(p.get("is_ep")) or decide(p))
+    return seen
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_marlin_moe_expert_parallel_on_w4a16(rec, monkeypatch, method, dtype):
+    """One rank under expert parallelism (fused_marlin_moe with an expert_map): 0.11 routes over all experts, marks the
+    blocks of other ranks' experts -1 and calls the GEMM with is_ep=True, which asks vLLM's kernel to skip those
+    blocks. Both GEMMs are served, on the rank's experts, with those routing buffers as they are: w4a16's grouped GEMM
+    skips every block whose expert is outside [0, E) and writes nothing for it (on a GPU:
+    test_vllm_moe_standin_gpu.py)."""
+    from vllm.scalar_type import scalar_types
+
+    if "is_ep" not in GEN.arg_names(MOE):
+        pytest.skip(f"vLLM {VERSION} drops other ranks' experts while routing (no is_ep, no -1 blocks)")
+    H, inter, top_k, G, T = 256, 128, 2, 64, 16
+    expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32)  # global 8, this rank: 1, 3, 4, 6
+    E, E_global = 4, expert_map.numel()
+    fm = _fused_module()
+    monkeypatch.setattr(fm, "moe_align_block_size", align_cpu)
+    no_gpu_queries(monkeypatch)
+    is_ep = _is_ep_spy(rec, monkeypatch)
+    seed = 77 + (method == "gptq") + 2 * (dtype == torch.bfloat16)
+    qw13, qz13, s13 = _experts(method, E, H, 2 * inter, G, dtype, seed)
+    qw2, qz2, s2 = _experts(method, E, inter, H, G, dtype, seed + 1)
+    w13, sc13, z13 = _vllm_process(method, qw13, qz13, s13, H, 2 * inter, G)
+    w2, sc2, z2 = _vllm_process(method, qw2, qz2, s2, inter, H, G)
+    x = torch.randn(T, H).to(dtype)
+    topk_weights, topk_ids = torch.topk(torch.softmax(torch.randn(T, E_global), dim=-1), top_k, dim=-1)
+    topk_ids = topk_ids.to(torch.int32)
+    rec.calls.clear()
+    y = fm.fused_marlin_moe(
+        x,
+        w13,
+        w2,
+        None,
+        None,
+        sc13,
+        sc2,
+        None,
+        topk_weights,
+        topk_ids,
+        quant_type_id=(scalar_types.uint4 if method == "awq" else scalar_types.uint4b8).id,
+        global_num_experts=E_global,
+        activation_func=_silu_and_mul,
+        expert_map=expert_map,
+        w1_zeros=z13,
+        w2_zeros=z2,
+        workspace=torch.zeros(256, dtype=torch.int32),
+    )
+
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2 and is_ep == [True, True]
+    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, c1["block"], E_global, expert_map)
+    blocks = int(npp) // c1["block"]
+    assert (expert_ids[:blocks] == -1).any() and (expert_ids[:blocks] >= 0).any(), "both kinds of block are tested"
+    for c, (ww, ws, wz) in (
+        (c1, _want(method, qw13, qz13, s13, H, 2 * inter, G)),
+        (c2, _want(method, qw2, qz2, s2, inter, H, G)),
+    ):
+        assert np.array_equal(c["w"].numpy(), ww.numpy()) and _same(c["scales"], ws)
+        assert (c["zeros"] is None) if wz is None else np.array_equal(c["zeros"].numpy(), wz.numpy())
+        assert torch.equal(c["sorted_ids"], sorted_ids) and torch.equal(c["expert_ids"], expert_ids)
+        assert torch.equal(c["npp"], npp)
+    assert (c1["m"], c1["top_k"], c1["n"], c1["k"]) == (T, top_k, 2 * inter, H)
+    assert (c2["m"], c2["top_k"], c2["n"], c2["k"], c2["mul"]) == (T * top_k, 1, H, inter, True)
+    assert _same(y, torch.sum(c2["out"].view(T, top_k, H), dim=1))
+
+
 # ---------------------------------------------------------------------------------------------- what stays on vLLM
 def _moe_args(dtype=torch.float16, type_name="uint4", block=16, K=256, N=128, **over):
     """A call of this vLLM's MoE GEMM op (E = 4, T = 3, top_k = 2), its arguments in the order of its schema."""
@@ -376,6 +460,8 @@ def _moe_args(dtype=torch.float16, type_name="uint4", block=16, K=256, N=128, **
         top_k=top_k,
         mul_topk_weights=False,
         b_type_id=getattr(scalar_types, type_name).id,
+        b_q_type_id=getattr(scalar_types, type_name).id,  # 0.11's name
+        is_ep=False,  # 0.11
         size_m=T,
         size_n=N,
         size_k=K,
@@ -397,6 +483,31 @@ def test_supported_moe_call_is_served(rec):
     out = _moe_op()(*_moe_args())
     (c,) = rec.named("moe_gemm")
     assert _same(out, c[1]["out"]) and rec.adapter.fell_back == {}
+
+
+def test_expert_parallel_call_is_served(rec, monkeypatch):
+    """A call whose routing holds blocks of other ranks' experts (expert id -1; with is_ep=True where the schema has
+    it, 0.11) is served, the routing buffers reaching w4a16 as they are."""
+    topk_ids = torch.tensor([[0, 1], [1, 2], [3, 0]], dtype=torch.int32)
+    expert_map = torch.tensor([0, -1, 1, -1], dtype=torch.int32)  # this rank holds experts 0 and 2
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, 16, 4, expert_map)
+    assert (expert_ids[: int(npp) // 16] == -1).any()
+    K, N, E = 256, 128, 2
+    over = dict(
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_past_padded=npp,
+        b_q_weight=torch.zeros(E, K // 16, 2 * N, dtype=torch.int32),
+        b_scales=torch.ones(E, K // 128, N).half(),
+        b_zeros_or_none=torch.zeros(E, K // 128, N // 8, dtype=torch.int32),
+    )
+    if "is_ep" in GEN.arg_names(MOE):
+        over["is_ep"] = True
+    is_ep = _is_ep_spy(rec, monkeypatch)
+    out = _moe_op()(*_moe_args(**over))
+    (c,) = rec.named("moe_gemm")
+    assert _same(out, c[1]["out"]) and rec.adapter.fell_back == {} and c[1]["expert_ids"] is expert_ids
+    assert is_ep == [over.get("is_ep")]
 
 
 _CASES = {
@@ -426,6 +537,8 @@ def test_unsupported_moe_goes_to_vllms_kernel(rec, case):
     kw = _CASES[case]
     if any(k in ("g_idx_or_none", "is_full_k") for k in kw) and "is_full_k" not in GEN.arg_names(MOE):
         pytest.skip("this vLLM's MoE GEMM takes no act-order arguments")
+    if "a_scales" in kw and "a_scales" not in GEN.arg_names(MOE):
+        pytest.skip("this vLLM's MoE GEMM takes no activation scales")
     with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):  # vLLM's own (CUDA) kernel was reached
         _moe_op()(*_moe_args(**kw))
     assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}

@@ -1,5 +1,6 @@
-"""w4a16 under vLLM's real MoE quantization methods (AWQ / GPTQ Marlin MoE: `AWQMarlinMoEMethod` and
-`GPTQMarlinMoEMethod` up to 0.29, `AutoAWQMoEMethod` and `AutoGPTQMoEMethod` in 0.33), on a machine without a GPU.
+"""w4a16 under vLLM's real MoE quantization methods (AWQ / GPTQ Marlin MoE: `AWQMoEMethod` (0.11) or
+`AWQMarlinMoEMethod` and `GPTQMarlinMoEMethod` up to 0.29, `AutoAWQMoEMethod` and `AutoGPTQMoEMethod` in 0.33), on a
+machine without a GPU.
 
 Each test runs a method as vLLM's FusedMoE layer does: `create_weights` on a module, the checkpoint tensors copied
 into its parameters (the weight loader at tensor parallel size 1), `process_weights_after_loading` (vLLM's own repack,
@@ -10,9 +11,10 @@ test_vllm_moe.py, and what reaches its grouped GEMM is checked bit for bit again
 Stood in for, because it is CUDA-only or asks the GPU: vLLM's routing kernel (moe_align_block_size, by the CPU twin in
 test_vllm_moe.py), its SiLU-and-mul and (0.33) top-k sum kernels (`_C::silu_and_mul`, `_moe_C::moe_sum`, given CPU
 implementations for the test), the Marlin workspace allocation (sized from the GPU's SM count) and capability check,
-in 0.14 the router object apply routes through (answering fixed top-k ids), and in 0.33 the MoE backend choice and
-the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU experts, so the Marlin
-backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
+in 0.11 the GPU capability query of fused_marlin_moe and the router (FusedMoE.select_experts, whose top-k kernel is
+CUDA-only) and in 0.14 the router object apply routes through (both answering fixed top-k ids), and in 0.33 the MoE
+backend choice and the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU
+experts, so the Marlin backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
 
 import contextlib
 import dataclasses
@@ -26,13 +28,23 @@ import torch
 vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
 
 from test_vllm import _same  # noqa: E402
-from test_vllm_moe import GEN, MOE, SERVED, _experts, _want, align_cpu, recording_adapter  # noqa: E402
+from test_vllm_moe import (  # noqa: E402
+    GEN,
+    MOE,
+    SERVED,
+    _experts,
+    _is_ep_spy,
+    _want,
+    align_cpu,
+    no_gpu_queries,
+    recording_adapter,
+)
 from w4a16 import formats  # noqa: E402
 
 VERSION = importlib.metadata.version("vllm")
 DTYPES = (torch.float16, torch.bfloat16)
 
-pytestmark = pytest.mark.skipif(not SERVED, reason=f"w4a16 does not serve vLLM {VERSION}'s MoE GEMM schema")
+pytestmark = pytest.mark.skipif(not SERVED, reason=f"vLLM {VERSION} has no _moe_C::{MOE} op")
 
 
 @pytest.fixture
@@ -50,7 +62,8 @@ def _method_classes():
     """(AWQ config, AWQ MoE method, GPTQ config, GPTQ MoE method) of this release."""
     try:
         awq, gptq = _q("awq_marlin"), _q("gptq_marlin")
-        return awq.AWQMarlinConfig, awq.AWQMarlinMoEMethod, gptq.GPTQMarlinConfig, gptq.GPTQMarlinMoEMethod
+        awq_moe = getattr(awq, "AWQMarlinMoEMethod", None) or awq.AWQMoEMethod  # AWQMoEMethod in 0.11
+        return awq.AWQMarlinConfig, awq_moe, gptq.GPTQMarlinConfig, gptq.GPTQMarlinMoEMethod
     except ImportError:
         awq, gptq = _q("auto_awq"), _q("auto_gptq")
         return awq.AutoAWQConfig, awq.AutoAWQMoEMethod, gptq.AutoGPTQConfig, gptq.AutoGPTQMoEMethod
@@ -130,7 +143,9 @@ def _cpu_kernels():
 
 
 def _env(monkeypatch):
-    """vLLM's GPU-only environment: the Marlin workspace, the routing kernel and (0.33) the backend choice."""
+    """vLLM's GPU-only environment: the Marlin workspace, the routing kernel, (0.11) the GPU capability and (0.33)
+    the backend choice."""
+    no_gpu_queries(monkeypatch)
     ws = lambda device, *a, **k: torch.zeros(132, dtype=torch.int32, device=device)  # noqa: E731
     for name in ("awq_marlin", "gptq_marlin", "auto_awq", "auto_gptq", "utils.marlin_utils"):
         try:
@@ -224,14 +239,29 @@ def _layer(method, E, H, inter, G, dtype, bias, act_order=False, seed=0):
     return qm, layer, (ck13, ck2, b13, b2)
 
 
-def _apply(qm, layer, x, topk_weights, topk_ids):
-    """The method's forward for routed tokens, as FusedMoE's runner calls it. 0.14's methods route inside apply,
-    through a router object: stood in for by one that answers these top-k weights and ids."""
+def _apply(qm, layer, x, topk_weights, topk_ids, monkeypatch=None):
+    """The method's forward for routed tokens, as FusedMoE's runner calls it. 0.11's and 0.14's methods route inside
+    apply, 0.11 through FusedMoE.select_experts (given the layer's expert_map there), 0.14 through a router object:
+    stood in for by ones that answer these top-k weights and ids."""
     import inspect
     import types
 
     params = inspect.signature(qm.apply).parameters
     with _cpu_kernels():
+        if "top_k" in params:  # 0.11: apply(layer, x, router_logits, top_k, renormalize, ..., expert_map, ...)
+            fused_moe = importlib.import_module("vllm.model_executor.layers.fused_moe.layer")
+            monkeypatch.setattr(
+                fused_moe.FusedMoE, "select_experts", staticmethod(lambda **kw: (topk_weights, topk_ids, None))
+            )
+            return qm.apply(
+                layer,
+                x,
+                torch.empty(x.shape[0], layer.global_num_experts),
+                topk_ids.shape[1],
+                True,
+                global_num_experts=layer.global_num_experts,
+                expert_map=layer.expert_map,
+            )
         if "router" in params:
             router = types.SimpleNamespace(select_experts=lambda hidden_states, router_logits: (topk_weights, topk_ids))
             return qm.apply(layer, router, x, torch.empty(x.shape[0], layer.global_num_experts))
@@ -264,7 +294,7 @@ def test_moe_method_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, H, int
     x = torch.randn(T, H).to(dtype)
     topk_weights, topk_ids = _route(T, E, top_k)
     rec.calls.clear()
-    y = _apply(qm, layer, x, topk_weights, topk_ids)
+    y = _apply(qm, layer, x, topk_weights, topk_ids, monkeypatch)
 
     assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
     c1, c2 = [c[1] for c in rec.named("moe_gemm")]
@@ -298,6 +328,37 @@ def test_moe_method_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, H, int
     assert _same(y, want_y)
 
 
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_moe_method_expert_parallel_on_w4a16(rec, monkeypatch, method):
+    """One rank under expert parallelism: the layer holds 4 of 8 experts and its expert_map. In 0.11 the method hands
+    expert_map to fused_marlin_moe, whose routing marks the other ranks' blocks -1 and whose GEMMs say is_ep=True;
+    both are served by w4a16 (which skips those blocks, writing nothing for them, as is_ep asks of vLLM's kernel)."""
+    import inspect
+
+    _env(monkeypatch)
+    E, E_global, T, H, inter, G = 4, 8, 16, 256, 128, 64
+    qm, layer, (ck13, ck2, _, _) = _layer(method, E, H, inter, G, torch.float16, bias=False, seed=23)
+    if "expert_map" not in inspect.signature(qm.apply).parameters:
+        pytest.skip(f"vLLM {VERSION}'s MoE methods take expert parallelism from the router (no is_ep, no -1 blocks)")
+    layer.global_num_experts = E_global
+    layer.expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 1, 3, 4, 6
+    is_ep = _is_ep_spy(rec, monkeypatch)
+    topk_weights, topk_ids = _route(T, E_global, 2)
+    rec.calls.clear()
+    y = _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids, monkeypatch)
+
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2 and is_ep == [True, True]
+    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
+    sorted_ids, expert_ids, npp = align_cpu(topk_ids, c1["block"], E_global, layer.expert_map)
+    assert (expert_ids[: int(npp) // c1["block"]] == -1).any()
+    for c, ck, (K, N) in ((c1, ck13, (H, 2 * inter)), (c2, ck2, (inter, H))):
+        ww, ws, wz = _want(method, ck[0], ck[1] if method == "awq" else None, ck[2], K, N, G)
+        assert c["w"].shape[0] == E and np.array_equal(c["w"].numpy(), ww.numpy()) and _same(c["scales"], ws)
+        assert torch.equal(c["sorted_ids"], sorted_ids) and torch.equal(c["expert_ids"], expert_ids)
+        assert torch.equal(c["npp"], npp)
+    assert _same(y, torch.sum(c2["out"].view(T, 2, H), dim=1))
+
+
 # ---------------------------------------------------------------------------------------------- left to vLLM
 def test_act_order_moe_goes_to_vllms_kernel(rec, monkeypatch):
     """GPTQ act-order experts (desc_act): w4a16 does not serve them, so the forward reaches vLLM's own kernel (CUDA
@@ -310,7 +371,7 @@ def test_act_order_moe_goes_to_vllms_kernel(rec, monkeypatch):
     topk_weights, topk_ids = _route(T, E, 2)
     rec.calls.clear()
     with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
-        _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids)
+        _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids, monkeypatch)
     assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
 
 
@@ -335,6 +396,6 @@ def test_moe_method_falls_back_to_vllms_kernel(rec, monkeypatch, method, case):
     topk_weights, topk_ids = _route(T, E, 2)
     rec.calls.clear()
     with pytest.raises(NotImplementedError, match=f"_moe_C::{MOE}"):
-        _apply(qm, layer, torch.randn(T, H).bfloat16(), topk_weights, topk_ids)
+        _apply(qm, layer, torch.randn(T, H).bfloat16(), topk_weights, topk_ids, monkeypatch)
     assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
     assert rec.adapter.served.get(MOE) is None

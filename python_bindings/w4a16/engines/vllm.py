@@ -22,13 +22,13 @@ w4a16 does not run on.
 
 MoE layers: vLLM's fused Marlin MoE (AWQ / GPTQ Marlin MoE methods) calls `_moe_C::moe_wna16_marlin_gemm` twice per
 layer on stacked experts already in Marlin layout (their per-expert repacks are the `_C::*_marlin_repack` ops above).
-From 0.12 on its CUDA kernel is replaced too when the live MoE schema equals the generation's recorded one (else one
-log line and only the MoE op stays vLLM's; the dense ops are served either way). w4a16's grouped GEMM takes vLLM's
-routing buffers (moe_align_block_size's sorted ids, expert ids, padded count; ids -1 from expert parallelism skip a
-block), c_or_none, mul_topk_weights and the Marlin-permuted bias as they come; vLLM's workspace is not needed (w4a16
-keeps one per device, created on the first eager call). Goes to vLLM's kernel: act-order experts (g_idx / perm),
-is_full_k=False, W4A8 / fp8 / fp4, 8-bit, float zero points, block sizes other than 8..64 in steps of 8, N % 64 or
-K % 64 != 0, a first call during CUDA-graph capture.
+Its CUDA kernel is replaced too when the live MoE schema equals the generation's recorded one (else one log line and
+only the MoE op stays vLLM's; the dense ops are served either way). w4a16's grouped GEMM takes vLLM's routing buffers
+(moe_align_block_size's sorted ids, expert ids, padded count; ids -1 from expert parallelism skip a block, which is
+what 0.11's is_ep=True asks of vLLM's kernel), c_or_none, mul_topk_weights and the Marlin-permuted bias as they
+come; vLLM's workspace is not needed (w4a16 keeps one per device, created on the first eager call). Goes to vLLM's
+kernel: act-order experts (g_idx / perm), is_full_k=False, W4A8 / fp8 / fp4, 8-bit, float zero points, block sizes
+other than 8..64 in steps of 8, N % 64 or K % 64 != 0, a first call during CUDA-graph capture.
 
 Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
 natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
@@ -95,6 +95,14 @@ _MOE_ACT_ORDER = _moe_schema(
     _MOE_HEAD + "Tensor? g_idx_or_none, Tensor? perm_or_none, " + _MOE_MID + "bool is_full_k, " + _MOE_TAIL
 )
 _MOE_PLAIN = _moe_schema(_MOE_HEAD + _MOE_MID + _MOE_TAIL)
+# 0.11 (recorded from 0.11.2): no a_scales, an is_ep flag, the type id named b_q_type_id, no thread / occupancy hints
+_MOE_V0_11 = _moe_schema(
+    _MOE_HEAD.replace("Tensor? a_scales, ", "")
+    + "Tensor? g_idx_or_none, Tensor? perm_or_none, "
+    + _MOE_MID.replace("bool mul_topk_weights, int b_type_id", "bool mul_topk_weights, bool is_ep, int b_q_type_id")
+    + "bool is_full_k, "
+    + _MOE_TAIL.replace(", int thread_k, int thread_n, int blocks_per_sm", "")
+)
 
 
 class Generation:
@@ -118,7 +126,7 @@ class Generation:
 _TYPE_IDS = {"uint4": 1125899906843648, "uint4b8": 1125899907892224}
 
 GENERATIONS = (
-    # 0.11: gptq_marlin_gemm without activation scales, repacks without is_a_8bit
+    # 0.11: gptq_marlin_gemm without activation scales, repacks without is_a_8bit; the MoE GEMM with is_ep
     Generation(
         "0.11",
         "0.11.2",
@@ -134,6 +142,7 @@ GENERATIONS = (
             "Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits",
         ),
         _TYPE_IDS,
+        _MOE_V0_11,
     ),
     # 0.12-0.14: activation scales (W4A8) and is_a_8bit added
     Generation(
@@ -427,7 +436,7 @@ class VllmAdapter:
     def _moe_reason(self, p):
         a, b_scales, b_zeros = p["a"], p["b_scales"], p["b_zeros_or_none"]
         size_n, size_k, block = p["size_n"], p["size_k"], p["moe_block_size"]
-        if p["a_scales"] is not None:
+        if p.get("a_scales") is not None:  # 0.11 has no a_scales argument
             return "activation scales (W4A8)"
         if p["global_scale"] is not None:
             return "global scale (fp4)"
@@ -441,7 +450,7 @@ class VllmAdapter:
         if a.dtype not in _FLOATS or b_scales.dtype != a.dtype:
             return f"activations {a.dtype} with scales {b_scales.dtype}"
         has_zp = b_zeros is not None and b_zeros.numel() > 0
-        type_id = p["b_type_id"]
+        type_id = p.get("b_type_id", p.get("b_q_type_id"))  # b_q_type_id in 0.11
         if type_id == self.uint4:
             if not has_zp:
                 return "uint4 without zero points"
@@ -473,7 +482,11 @@ class VllmAdapter:
             zeros = zeros if zeros is not None and zeros.numel() > 0 else None
             bias = p["b_bias_or_none"]
             bias = _common.marlin_bias_unpermute(bias) if bias is not None else None
-            # vLLM's workspace, use_atomic_add, use_fp32_reduce (w4a16 adds in fp32) and thread hints are not needed
+            # vLLM's workspace, use_atomic_add, use_fp32_reduce (w4a16 adds in fp32) and thread hints are not needed.
+            # 0.11's is_ep=True asks vLLM's kernel to skip the blocks whose expert id is -1 (experts of other ranks,
+            # marked by expert_map after routing) and write nothing for their rows; w4a16's grouped GEMM skips every
+            # block whose expert id is outside [0, E) and writes nothing for it, with or without the flag. Without
+            # it, vLLM's routing holds no such ids (no expert_map), so the flag changes nothing here.
             return self._serve(
                 op,
                 lambda: _moe()._grouped(
