@@ -6,7 +6,8 @@ defined in a namespace of their own with the recorded schemas; their CUDA kernel
 that they were called. The adapter installs over them, and an expert layer is run the way vLLM's fused_marlin_moe
 runs it (vLLM-sized routing buffers, poisoned intermediate caches passed as c_or_none, the Marlin-ordered bias,
 mul_topk_weights on the second GEMM); the output must match an fp32 reference computed per expert from the
-checkpoint tensors."""
+checkpoint tensors. Under expert parallelism (vLLM 0.11's is_ep=True), the blocks of other ranks' experts (id -1) must
+be skipped with nothing written for them."""
 
 import glob
 import json
@@ -59,6 +60,8 @@ class StandIn:
         values.setdefault("g_idx_or_none", None)
         values.setdefault("perm_or_none", None)
         values.setdefault("is_full_k", True)
+        values.setdefault("is_ep", False)  # 0.11
+        values.setdefault("b_q_type_id", values.get("b_type_id"))  # 0.11's name
         op = getattr(getattr(torch.ops, self.moe_ns), MOE)
         return op(*(values[n] for n in self.names))
 
@@ -197,5 +200,105 @@ def test_vllm_moe_layer_vs_fp32(env, kind, dtype, T, E, bias):
             g = xf[t] @ r13[e] + (b13[e].float() if bias else 0)
             a = (torch.nn.functional.silu(g[:inter]) * g[inter:]).to(dtype).float()
             ref[t] += tw[t, k] * (a @ r2[e] + (b2[e].float() if bias else 0))
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("kind", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_vllm_moe_expert_parallel_vs_fp32(env, kind, dtype):
+    """One rank of expert parallelism as vLLM 0.11 runs it: routed over all 8 experts, the blocks' experts mapped
+    through expert_map (-1: another rank's), the GEMMs called with is_ep=True and the second one's output zeroed first.
+    Rows of the other ranks' pairs must stay as they were (poison after the first GEMM, zero after the second) and the
+    layer must match an fp32 reference over this rank's experts."""
+    rng = np.random.default_rng(4242 + (kind == "gptq") + 2 * (dtype == torch.bfloat16))
+    H, inter, top_k, G, T = 256, 128, 2, 64, 24
+    expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32, device="cuda")  # this rank: 1, 3, 4, 6
+    E, E_global = 4, expert_map.numel()
+    w13, s13, z13, r13 = _experts(kind, E, H, 2 * inter, G, dtype, rng)
+    w2, s2, z2, r2 = _experts(kind, E, inter, H, G, dtype, rng)
+    x = torch.randn(T, H, device="cuda").to(dtype)
+    tw, ids = torch.topk(torch.softmax(torch.randn(T, E_global, device="cuda"), -1), top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    local = expert_map[ids.long()]  # [T, top_k]: the pair's expert on this rank, -1 elsewhere
+    assert (local >= 0).any() and (local < 0).any()
+
+    block = next((b for b in (8, 16, 32, 48) if T * top_k / E / b < 0.9), 64)
+    cap = ids.numel() + E_global * (block - 1)  # 0.11's buffer sizes
+    wcap, wblocks = moe.align_sizes(T, top_k, E_global, block)
+    sorted_full = torch.empty(max(cap, wcap), dtype=torch.int32, device="cuda")
+    expert_full = torch.full((max((cap + block - 1) // block, wblocks),), -1, dtype=torch.int32, device="cuda")
+    npp = torch.empty(1, dtype=torch.int32, device="cuda")
+    moe.moe_align_block_size(ids, E_global, block, sorted_full, expert_full, npp)
+    sorted_ids, expert_ids = sorted_full[:cap], expert_full[: (cap + block - 1) // block]
+    routed = (expert_ids >= 0) & (expert_ids < E_global)
+    expert_ids = torch.where(routed, expert_map[torch.where(routed, expert_ids, 0).long()], -1).to(torch.int32)
+    common = dict(
+        a_scales=None,
+        global_scale=None,
+        workspace=torch.zeros(64, dtype=torch.int32, device="cuda"),
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_past_padded=npp,
+        topk_weights=tw,
+        moe_block_size=block,
+        b_type_id=env.ids["uint4" if kind == "awq" else "uint4b8"],
+        is_ep=True,
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+        thread_k=-1,
+        thread_n=-1,
+        blocks_per_sm=-1,
+    )
+    c1 = torch.full((T * top_k, 2 * inter), float("nan"), device="cuda", dtype=dtype)
+    h = env.moe_gemm(
+        a=x,
+        c_or_none=c1,
+        b_q_weight=w13,
+        b_bias_or_none=None,
+        b_scales=s13,
+        b_zeros_or_none=z13,
+        top_k=top_k,
+        mul_topk_weights=False,
+        size_m=T,
+        size_n=2 * inter,
+        size_k=H,
+        **common,
+    )
+    mine = (local >= 0).view(-1)
+    assert h.data_ptr() == c1.data_ptr()
+    assert not torch.isnan(h[mine]).any(), "every pair of this rank's experts written"
+    assert torch.isnan(h[~mine]).all(), "nothing written for other ranks' pairs"
+    act = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).contiguous()
+    c3 = torch.zeros(T * top_k, H, device="cuda", dtype=dtype)  # vLLM zeroes the output under expert parallelism
+    y = env.moe_gemm(
+        a=act,
+        c_or_none=c3,
+        b_q_weight=w2,
+        b_bias_or_none=None,
+        b_scales=s2,
+        b_zeros_or_none=z2,
+        top_k=1,
+        mul_topk_weights=True,
+        size_m=T * top_k,
+        size_n=H,
+        size_k=inter,
+        **common,
+    )
+    torch.cuda.synchronize()
+    assert env.calls == [] and env.adapter.fell_back.get(MOE) is None
+    assert torch.equal(y[~mine], torch.zeros_like(y[~mine])) and not torch.isnan(y).any()
+    out = y.view(T, top_k, H).sum(dim=1)
+
+    xf, ref = x.float(), torch.zeros(T, H, device="cuda")
+    for t in range(T):
+        for k in range(top_k):
+            e = int(local[t, k])
+            if e < 0:
+                continue
+            g = xf[t] @ r13[e]
+            a = (torch.nn.functional.silu(g[:inter]) * g[inter:]).to(dtype).float()
+            ref[t] += tw[t, k] * (a @ r2[e])
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < 2e-2, err
