@@ -339,7 +339,10 @@ def test_moe_method_expert_parallel_on_w4a16(rec, monkeypatch, method):
     E, E_global, T, H, inter, G = 4, 8, 16, 256, 128, 64
     qm, layer, (ck13, ck2, _, _) = _layer(method, E, H, inter, G, torch.float16, bias=False, seed=23)
     if "expert_map" not in inspect.signature(qm.apply).parameters:
-        pytest.skip(f"vLLM {VERSION}'s MoE methods take expert parallelism from the router (no is_ep, no -1 blocks)")
+        pytest.skip(
+            f"vLLM {VERSION}'s MoE methods take no expert_map (its fused Marlin MoE drops other ranks' experts while "
+            "routing: no is_ep, no -1 blocks)"
+        )
     layer.global_num_experts = E_global
     layer.expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 1, 3, 4, 6
     is_ep = _is_ep_spy(rec, monkeypatch)
