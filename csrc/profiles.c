@@ -21,10 +21,10 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
     .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4
 
 /* Tiles of the parts with 99 KB of shared memory per block (sm_86, 89, 120, 121): the 128-k decode tile also when
- * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 17: the 32 x 256 tile (3
- * stages) up to M = 32, the 64 x 128 tile (3
- * stages), the 64 x 256 one (4 stages in 69 KB) for wide layers and M 65-256, the 128 x 256 tile (3 stages) where
- * its tiles keep the slots busy for 40 k-tiles or more, and from M = 257. */
+ * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 17: the 32 x 256 tile
+ * (3 stages) up to M = 32, the 64 x 128 tile (3 stages), the 64 x 256 one (4 stages in 69 KB) for wide layers, for
+ * layers whose 64 x 128 tiles could neither split nor balance their K (plan.c) and for M 65-256, the 128 x 256 tile
+ * (3 stages) where its tiles keep the slots busy for 40 k-tiles or more, and from M = 257. */
 #define W4A16_TILES_100KB                                                                                              \
     .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE, 3}, .mid32_max_m = 32,                           \
     .mid32 = {W4A16_CFG_WIDE32, 3}, .mid = {W4A16_CFG_MID, 3}, .mid_wide = {W4A16_CFG_WIDE64, 4},                      \

@@ -440,6 +440,12 @@ static void test_hand_checked_stream_k(void **state) {
         /* M 17-32 on sm120: the 32 x 256 tile (3 x 13568 bytes, one block per SM by its register budget); 24 tiles are
          * under half of 132 slots: each split 5 ways (132 / 24), no block straddles two */
         {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, W4A16_CFG_WIDE32, 3, 40704, 120, 24, 120},
+        /* M 33-64 on sm120: the 64 x 128 tile (3 x 25856 bytes) splits K among its warps, so its tiles never share
+         * K among blocks; 48 tiles are under half of 132 slots: each split 2 ways (132 / 48) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 6144, 4096, W4A16_CFG_MID, 3, 77568, 96, 48, 96},
+        /* ... but 80 of them would fill 61% of the slots with no split: the 64 x 256 tile (4 x 17664 bytes), whose 40
+         * tiles split 3 ways (132 / 40) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 10240, 8192, W4A16_CFG_WIDE64, 4, 70656, 120, 40, 120},
         /* M > 256 on sm80: the 128 x 256 tile with 4 stages (103424 bytes: one per 164 KB SM); 4 x 40 = 160 tiles are
          * one wave of 108 and 52 more (48% full): those 52 and one wave share the 108 slots, no tile runs whole */
         {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 108, 160, 108},
