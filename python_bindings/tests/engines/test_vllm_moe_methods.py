@@ -27,7 +27,7 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="not a vLLM venv")
 
-from test_vllm import _same  # noqa: E402
+from test_vllm import _capture_log, _same  # noqa: E402
 from test_vllm_moe import (  # noqa: E402
     GEN,
     MOE,
@@ -40,6 +40,7 @@ from test_vllm_moe import (  # noqa: E402
     recording_adapter,
 )
 from w4a16 import formats  # noqa: E402
+from w4a16.engines import vllm as adapter_mod  # noqa: E402
 
 VERSION = importlib.metadata.version("vllm")
 DTYPES = (torch.float16, torch.bfloat16)
@@ -279,8 +280,7 @@ def _route(T, E, top_k):
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-# vLLM permutes both projections' scales with size_k = the intermediate size, so a layer whose intermediate size is
-# at most G while its hidden size is larger gets w13 scales in the one-group order on any kernel: the shapes avoid it
+# intermediate sizes above G: vLLM's w13 scales are in the grouped order (width <= G: test_w13_width_g_* below)
 @pytest.mark.parametrize("E,T,H,inter,G", [(4, 5, 256, 128, 64), (8, 33, 384, 256, 128)])
 def test_moe_method_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, H, inter, G):
     _env(monkeypatch)
@@ -402,3 +402,129 @@ def test_moe_method_falls_back_to_vllms_kernel(rec, monkeypatch, method, case):
         _apply(qm, layer, torch.randn(T, H).bfloat16(), topk_weights, topk_ids, monkeypatch)
     assert rec.named("moe_gemm") == [] and rec.adapter.fell_back == {MOE: 1}
     assert rec.adapter.served.get(MOE) is None
+
+
+# ---------------------------------------------------------------------------------------------- w13 width <= G
+def _marlin_utils():
+    return _q("utils.marlin_utils")
+
+
+def _kernel_order(s, G):
+    """What the Marlin MoE kernel reads for natural-order scales [E, K/G, N]: vLLM's own marlin_permute_scales (which
+    the adapter does not wrap) per expert, with size_k = the K the scales cover: grouped for more than one row."""
+    rows, n = s.shape[1], s.shape[2]
+    return torch.stack([_marlin_utils().marlin_permute_scales(s[e], rows * G, n, G) for e in range(s.shape[0])])
+
+
+@pytest.mark.parametrize(
+    "rows,size_k,G,want",
+    [
+        (16, 128, 128, 2048),  # w13 of a width of G (hidden 2048): vLLM's size_k is the width
+        (32, 64, 64, 2048),
+        (16, 768, 128, 768),  # a width above G: vLLM's size_k already gives the grouped order
+        (6, 768, 128, 768),  # w2 of that width
+        (1, 128, 128, 128),  # w2 of a width of G: one row, the one-group order
+        (1, 512, 128, 128),  # one row permuted as grouped (vLLM's size_k above G): the one-group order
+        (16, 128, -1, 128),  # per-channel: as vLLM asks
+    ],
+)
+def test_grouped_size_k(rows, size_k, G, want):
+    assert adapter_mod.grouped_size_k(rows, size_k, G) == want
+    assert adapter_mod.grouped_size_k(rows, size_k, G, is_a_8bit=True) == size_k  # W4A8: vLLM's order, not served
+
+
+def test_permutation_wrapped_only_while_installed(rec):
+    """The wrapper sits where vLLM's modules hold marlin_moe_permute_scales while MoE is served, and goes with the
+    adapter."""
+    utils = _marlin_utils()
+    wrapped = utils.marlin_moe_permute_scales
+    assert wrapped.__module__ == adapter_mod.__name__
+    holders = []  # the modules that permute MoE scales in this release: up to 0.29 the methods, in 0.33 the oracle
+    for name in (
+        "vllm.model_executor.layers.quantization.awq_marlin",
+        "vllm.model_executor.layers.quantization.gptq_marlin",
+        "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
+        "vllm.model_executor.layers.fused_moe.oracle.int_wna16",
+    ):
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            if hasattr(module, "marlin_moe_permute_scales"):
+                holders.append(module)
+                assert module.marlin_moe_permute_scales is wrapped, name
+    assert holders
+    adapter_mod.uninstall()
+    for module in [utils, *holders]:
+        assert module.marlin_moe_permute_scales is wrapped.__wrapped__, module.__name__
+
+
+@pytest.mark.parametrize("E,H,inter,G", [(4, 2048, 128, 128), (3, 256, 64, 64), (2, 2048, 768, 128), (2, 512, 256, 64)])
+def test_w13_permutation_is_what_the_kernel_reads(rec, E, H, inter, G):
+    """vLLM's w13 call (size_k = the expert width) through the wrapper gives what the kernel reads for [E, H/G,
+    2 width] scales: for a width of G, unlike vLLM's own function; above G, the same as it."""
+    utils = _marlin_utils()
+    s = (torch.rand(E, H // G, 2 * inter) + 0.5).half()
+    want = _kernel_order(s, G)
+    assert _same(utils.marlin_moe_permute_scales(s, inter, 2 * inter, G), want)
+    vllm_own = torch.stack([utils.marlin_permute_scales(s[e], inter, 2 * inter, G) for e in range(E)])
+    assert torch.equal(vllm_own, want) == (inter > G)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("E,T,H,inter,G", [(4, 5, 256, 64, 64), (3, 9, 384, 128, 128)])
+def test_w13_width_g_on_w4a16(rec, monkeypatch, method, dtype, E, T, H, inter, G):
+    """An expert width of G per partition (e.g. 512 at tensor parallel 4 with G = 128) through vLLM's real MoE
+    method: without w4a16 vLLM leaves w13's scales in the one-group order, which its kernel misreads; with it they
+    are in the grouped order (vLLM's own permutation for the hidden size), for w4a16's grouped GEMM and for vLLM's
+    kernel alike, with one log line saying so. w2 (one scale row) is as vLLM makes it."""
+    _env(monkeypatch)
+    seed = E * 10 + G
+    with monkeypatch.context() as m:  # vLLM's own permutation first (its repacks are CUDA-only: w4a16's stay)
+        own = _marlin_utils().marlin_moe_permute_scales
+        own = getattr(own, "__wrapped__", own)
+        for name in ("awq_marlin", "gptq_marlin", "auto_awq", "auto_gptq"):
+            with contextlib.suppress(ImportError):
+                m.setattr(_q(name), "marlin_moe_permute_scales", own, raising=False)
+        with contextlib.suppress(ImportError):
+            oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.int_wna16")
+            m.setattr(oracle, "marlin_moe_permute_scales", own)
+        _, plain, (ck13, _, _, _) = _layer(method, E, H, inter, G, dtype, bias=False, seed=seed)
+    kernel_reads = _kernel_order(ck13[2], G)
+    assert not torch.equal(plain.w13_scales, kernel_reads)  # vLLM alone: the case is real in this release
+    lines = _capture_log(monkeypatch)
+
+    qm, layer, (ck13, ck2, _, _) = _layer(method, E, H, inter, G, dtype, bias=False, seed=seed)
+    assert _same(layer.w13_scales, kernel_reads)
+    said = [line for line in lines if "column order" in line]
+    assert len(said) == 1 and "one-group column order" in said[0] and f"size_k={H} instead" in said[0], lines
+    top_k = 2
+    x = torch.randn(T, H).to(dtype)
+    topk_weights, topk_ids = _route(T, E, top_k)
+    rec.calls.clear()
+    y = _apply(qm, layer, x, topk_weights, topk_ids, monkeypatch)
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2
+    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
+    assert (c1["n"], c1["k"], c2["n"], c2["k"]) == (2 * inter, H, H, inter)
+    for e in range(E):
+        assert _same(c1["scales"][e], kernel_reads[e]), f"expert {e}: w13 scales not in the grouped order"
+    assert _same(c2["scales"], _want(method, ck2[0], ck2[1] if method == "awq" else None, ck2[2], inter, H, G)[1])
+    assert _same(y, torch.sum(c2["out"].view(T, top_k, H), dim=1))
+
+
+def test_w13_width_32_padded_on_w4a16(rec, monkeypatch):
+    """From 0.30 vLLM pads an AWQ expert width of 32 to 64 (G = 32) and permutes both projections' scales for 32:
+    the one-group order, while its kernel reads 2 groups for w2 and 8 for w13. With w4a16 both are grouped."""
+    if not _is_new():
+        pytest.skip(f"vLLM {VERSION} pads no expert width (a width of 32 is not a Marlin MoE layer there)")
+    oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.int_wna16")
+    _env(monkeypatch)
+    E, T, H, inter, G, padded = 2, 3, 256, 32, 32, 64
+    qm, layer, (ck13, ck2, _, _) = _layer("awq", E, H, inter, G, torch.float16, bias=False, seed=3)
+    s13 = oracle._pad_w13_shard_cols(ck13[2], inter, padded)
+    s2 = oracle._pad_rows(ck2[2], padded // G)
+    assert layer.w13_scales.shape == (E, H // G, 2 * padded) and layer.w2_scales.shape == (E, 2, H)
+    assert _same(layer.w13_scales, _kernel_order(s13, G)) and _same(layer.w2_scales, _kernel_order(s2, G))
+    topk_weights, topk_ids = _route(T, E, 2)
+    rec.calls.clear()
+    _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids, monkeypatch)
+    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2

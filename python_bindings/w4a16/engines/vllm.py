@@ -30,6 +30,16 @@ come; vLLM's workspace is not needed (w4a16 keeps one per device, created on the
 kernel: act-order experts (g_idx / perm), is_full_k=False, W4A8 / fp8 / fp4, 8-bit, float zero points, block sizes
 other than 8..64 in steps of 8, N % 64 or K % 64 != 0, a first call during CUDA-graph capture.
 
+MoE scale order: vLLM's int4 Marlin MoE weight processing (read in 0.11.2, 0.14.1, 0.15.1: the AWQ and GPTQ MoE methods;
+in 0.33.0 every method, compressed-tensors included) permutes the gate/up (w13) scales with size_k = the intermediate
+size per partition instead of the hidden size. Where that size is at most G (an expert width of 512 at tensor parallel 4
+with G = 128) the grouped scales get Marlin's one-group column order, while the Marlin MoE kernel (vLLM's and w4a16's)
+reads the order from the scale tensor's row count: grouped for more than one row, so 62 of every 64 columns would take
+another column's scale. A MoE call cannot tell such scales from right ones of the same shapes, so the adapter corrects
+the permutation where it is made: vLLM's marlin_moe_permute_scales is wrapped (while MoE is served) to permute for the
+order its result will be read in (grouped_size_k), one log line saying so. Those layers then compute the checkpoint's
+weights, on w4a16 and on the calls left to vLLM's kernel alike; elsewhere the result is vLLM's own.
+
 Bias: vLLM stores a Marlin layer's bias in Marlin's column order (marlin_permute_bias); w4a16 adds the bias in
 natural order, so it is put back in order on the way in (one small copy per call, capture-safe).
 use_fp32_reduce=False is not followed: w4a16 adds split-K partial sums in fp32 (at least as accurate). The decision
@@ -288,6 +298,20 @@ def _moe():
     from .. import moe  # looked up per call, so that tests can stand in for w4a16's grouped GEMM
 
     return moe
+
+
+def grouped_size_k(rows, size_k, group_size, is_a_8bit=False):
+    """The size_k for which vLLM's marlin_permute_scales (grouped order when group_size < size_k) gives [rows, N] MoE
+    scales the order the Marlin MoE kernel reads: grouped for more than one row (it takes G = K / rows), the one-group
+    order for one row. vLLM's own size_k where it already does, and for per-channel scales and W4A8 (not served)."""
+    if group_size == -1 or is_a_8bit:
+        return size_k
+    grouped = group_size < size_k
+    if rows > 1 and not grouped:
+        return rows * group_size  # the K these scales cover, above G
+    if rows == 1 and grouped:
+        return group_size
+    return size_k
 
 
 class VllmAdapter:
@@ -632,6 +656,53 @@ class VllmAdapter:
         module.marlin_sort_g_idx = marlin_sort_g_idx
         self._unpatch.append(lambda: setattr(module, "marlin_sort_g_idx", original))
 
+    # ------------------------------------------------------------------ load-time MoE scale order
+    def _wrap_moe_permute_scales(self):
+        """vLLM's marlin_moe_permute_scales, wherever vLLM's modules hold it, asked for the order the kernel reads
+        (grouped_size_k). Modules importing it later take the wrapper from marlin_utils."""
+        import sys
+
+        try:
+            utils = importlib.import_module("vllm.model_executor.layers.quantization.utils.marlin_utils")
+            original = utils.marlin_moe_permute_scales
+        except (ImportError, AttributeError) as e:
+            log.warning(
+                "w4a16: vLLM's marlin_moe_permute_scales was not found (%s): MoE layers whose expert width per "
+                "partition is at most G keep vLLM's gate/up scale order, which the Marlin MoE kernel misreads",
+                e,
+            )
+            return
+        adapter = self
+
+        def marlin_moe_permute_scales(s, size_k, size_n, group_size, *args, **kwargs):
+            is_a_8bit = kwargs.get("is_a_8bit", args[0] if args else False)
+            k = grouped_size_k(s.shape[1], size_k, group_size, is_a_8bit)
+            if k != size_k and "scale order" not in adapter._said:
+                adapter._said.add("scale order")
+                log.warning(
+                    "w4a16: vLLM permutes the scales of MoE layers like this one (%d scale rows, G=%d) for size_k=%d, "
+                    "which gives them Marlin's %s column order while the Marlin MoE kernel reads the %s one; w4a16 "
+                    "has them permuted for size_k=%d instead, so these layers compute the checkpoint's weights, on "
+                    "w4a16 and on vLLM's kernel alike (vLLM without w4a16 does not)",
+                    s.shape[1],
+                    group_size,
+                    size_k,
+                    "one-group" if k > size_k else "grouped",
+                    "grouped" if k > size_k else "one-group",
+                    k,
+                )
+            return original(s, k, size_n, group_size, *args, **kwargs)
+
+        marlin_moe_permute_scales.__wrapped__ = original
+
+        def swap(old, new):  # in every vLLM module holding `old` (also those that imported the wrapper meanwhile)
+            for name, module in list(sys.modules.items()):
+                if name.startswith("vllm.") and getattr(module, "marlin_moe_permute_scales", None) is old:
+                    module.marlin_moe_permute_scales = new
+
+        swap(original, marlin_moe_permute_scales)
+        self._unpatch.append(lambda: swap(marlin_moe_permute_scales, original))
+
     # ------------------------------------------------------------------ install / remove
     def impls(self):
         return {
@@ -646,6 +717,8 @@ class VllmAdapter:
         """Replace vLLM's MoE GEMM too; raises (and registers nothing for MoE) when it cannot."""
         self.moe_overrides.install({Generation.MOE: self._moe_kernel()})
         self.serves_moe = True
+        if self.moe_overrides.namespace == "_moe_C":  # vLLM's own ops (not a stand-in test's): its weight processing
+            self._wrap_moe_permute_scales()
 
     def install(self):
         self.overrides.install(self.impls())
