@@ -7,7 +7,8 @@ that they were called. The adapter installs over them, and an expert layer is ru
 runs it (vLLM-sized routing buffers, poisoned intermediate caches passed as c_or_none, the Marlin-ordered bias,
 mul_topk_weights on the second GEMM); the output must match an fp32 reference computed per expert from the
 checkpoint tensors. Under expert parallelism (vLLM 0.11's is_ep=True), the blocks of other ranks' experts (id -1) must
-be skipped with nothing written for them."""
+be skipped with nothing written for them; from 0.14 on (routing of this rank's pairs only, local expert ids) the rows
+of the dropped pairs must stay as they were."""
 
 import glob
 import json
@@ -290,6 +291,120 @@ def test_vllm_moe_expert_parallel_vs_fp32(env, kind, dtype):
     assert env.calls == [] and env.adapter.fell_back.get(MOE) is None
     assert torch.equal(y[~mine], torch.zeros_like(y[~mine])) and not torch.isnan(y).any()
     out = y.view(T, top_k, H).sum(dim=1)
+
+    xf, ref = x.float(), torch.zeros(T, H, device="cuda")
+    for t in range(T):
+        for k in range(top_k):
+            e = int(local[t, k])
+            if e < 0:
+                continue
+            g = xf[t] @ r13[e]
+            a = (torch.nn.functional.silu(g[:inter]) * g[inter:]).to(dtype).float()
+            ref[t] += tw[t, k] * (a @ r2[e])
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("kind", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("output", ["zeroed", "stale"])
+def test_vllm_moe_expert_parallel_local_ids_vs_fp32(env, kind, dtype, output):
+    """One rank of expert parallelism as vLLM runs it from 0.14 on (no is_ep): the routing drops the pairs of other
+    ranks' experts (moe_align_block_size with expert_map and ignore_invalid_experts=True), so the blocks hold this
+    rank's pairs only, under local expert ids 0..3, and no block is -1. The second GEMM's output is zeroed first and
+    every top_k row summed (0.14, 0.15: "zeroed"), or left as it was and only this rank's slots summed (0.33: "stale").
+    Either way the rows of the dropped pairs must stay as they were (poison after the first GEMM, zero or poison after
+    the second) and the layer must match an fp32 reference over this rank's experts."""
+    if "is_ep" in env.names:
+        pytest.skip("0.11 routes over all experts, other ranks' blocks -1: test_vllm_moe_expert_parallel_vs_fp32")
+    rng = np.random.default_rng(4343 + (kind == "gptq") + 2 * (dtype == torch.bfloat16) + 4 * (output == "stale"))
+    H, inter, top_k, G, T = 256, 128, 2, 64, 24
+    expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32, device="cuda")  # this rank: 1, 3, 4, 6
+    E, E_global = 4, expert_map.numel()
+    w13, s13, z13, r13 = _experts(kind, E, H, 2 * inter, G, dtype, rng)
+    w2, s2, z2, r2 = _experts(kind, E, inter, H, G, dtype, rng)
+    x = torch.randn(T, H, device="cuda").to(dtype)
+    tw, ids = torch.topk(torch.softmax(torch.randn(T, E_global, device="cuda"), -1), top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    local = expert_map[ids.long()]  # [T, top_k]: the pair's expert on this rank, -1 elsewhere
+    mine = (local >= 0).view(-1)
+    assert mine.any() and (~mine).any()
+
+    # vLLM's buffer sizes for the global expert count; the routing of the local expert ids, other ranks' pairs
+    # dropped (w4a16's routing drops expert numbers outside [0, E), as vLLM's does with ignore_invalid_experts)
+    block = next((b for b in (8, 16, 32, 48) if T * top_k / E / b < 0.9), 64)
+    cap = ids.numel() + E_global * (block - 1)
+    wcap, wblocks = moe.align_sizes(T, top_k, E_global, block)
+    sorted_full = torch.empty(max(cap, wcap), dtype=torch.int32, device="cuda")
+    expert_full = torch.empty(max((cap + block - 1) // block, wblocks), dtype=torch.int32, device="cuda")
+    npp = torch.empty(1, dtype=torch.int32, device="cuda")
+    moe.moe_align_block_size(local.to(torch.int32).contiguous(), E_global, block, sorted_full, expert_full, npp)
+    sorted_ids, expert_ids = sorted_full[:cap], expert_full[: (cap + block - 1) // block]
+    blocks = int(npp) // block
+    routed = sorted_ids[: blocks * block].long()
+    assert ((expert_ids[:blocks] >= 0) & (expert_ids[:blocks] < E)).all(), "local expert ids only, no -1 block"
+    assert torch.equal(torch.sort(routed[routed < T * top_k]).values, mine.nonzero().flatten()), "this rank's pairs"
+    common = dict(
+        a_scales=None,
+        global_scale=None,
+        workspace=torch.zeros(64, dtype=torch.int32, device="cuda"),
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_past_padded=npp,
+        topk_weights=tw,
+        moe_block_size=block,
+        b_type_id=env.ids["uint4" if kind == "awq" else "uint4b8"],
+        use_atomic_add=False,
+        use_fp32_reduce=True,
+        is_zp_float=False,
+        thread_k=-1,
+        thread_n=-1,
+        blocks_per_sm=-1,
+    )
+    c1 = torch.full((T * top_k, 2 * inter), float("nan"), device="cuda", dtype=dtype)
+    h = env.moe_gemm(
+        a=x,
+        c_or_none=c1,
+        b_q_weight=w13,
+        b_bias_or_none=None,
+        b_scales=s13,
+        b_zeros_or_none=z13,
+        top_k=top_k,
+        mul_topk_weights=False,
+        size_m=T,
+        size_n=2 * inter,
+        size_k=H,
+        **common,
+    )
+    assert h.data_ptr() == c1.data_ptr()
+    assert not torch.isnan(h[mine]).any(), "every pair of this rank's experts written"
+    assert torch.isnan(h[~mine]).all(), "nothing written for the dropped pairs"
+    act = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).contiguous()
+    fill = 0.0 if output == "zeroed" else float("nan")
+    c3 = torch.full((T * top_k, H), fill, device="cuda", dtype=dtype)
+    y = env.moe_gemm(
+        a=act,
+        c_or_none=c3,
+        b_q_weight=w2,
+        b_bias_or_none=None,
+        b_scales=s2,
+        b_zeros_or_none=z2,
+        top_k=1,
+        mul_topk_weights=True,
+        size_m=T * top_k,
+        size_n=H,
+        size_k=inter,
+        **common,
+    )
+    torch.cuda.synchronize()
+    assert env.calls == [] and env.adapter.fell_back.get(MOE) is None
+    assert y.data_ptr() == c3.data_ptr() and not torch.isnan(y[mine]).any()
+    if output == "zeroed":
+        assert torch.equal(y[~mine], torch.zeros_like(y[~mine])), "the dropped pairs' rows stay zero"
+        out = y.view(T, top_k, H).sum(dim=1)
+    else:
+        assert torch.isnan(y[~mine]).all(), "nothing written for the dropped pairs"
+        out = torch.where(mine.view(T, top_k, 1), y.view(T, top_k, H), 0).sum(dim=1)
 
     xf, ref = x.float(), torch.zeros(T, H, device="cuda")
     for t in range(T):

@@ -16,7 +16,6 @@ CUDA-only) and in 0.14 the router object apply routes through (both answering fi
 backend choice and the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU
 experts, so the Marlin backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -32,10 +31,13 @@ from test_vllm_moe import (  # noqa: E402
     GEN,
     MOE,
     SERVED,
+    AlignSpy,
     _experts,
     _is_ep_spy,
     _want,
     align_cpu,
+    check_expert_parallel,
+    cpu_kernels,
     no_gpu_queries,
     recording_adapter,
 )
@@ -120,33 +122,11 @@ def _is_new():
         return False
 
 
-@contextlib.contextmanager
-def _cpu_kernels():
-    """CPU implementations of the two CUDA-only vLLM kernels the fused Marlin MoE calls around its GEMMs, for the
-    duration: `_C::silu_and_mul` and (0.33) `_moe_C::moe_sum`, the sum over each token's top_k rows."""
-
-    def silu_and_mul(out, x):
-        n = x.shape[-1] // 2
-        out.copy_(torch.nn.functional.silu(x[..., :n]) * x[..., n:])
-
-    def moe_sum(inp, out, topk_ids=None, expert_map=None):
-        assert expert_map is None
-        out.copy_(inp.sum(dim=1))
-
-    act, moe = torch.library.Library("_C", "IMPL"), torch.library.Library("_moe_C", "IMPL")
-    act.impl("silu_and_mul", silu_and_mul, "CPU")
-    moe.impl("moe_sum", moe_sum, "CPU")
-    try:
-        yield
-    finally:
-        act._destroy()
-        moe._destroy()
-
-
 def _env(monkeypatch):
     """vLLM's GPU-only environment: the Marlin workspace, the routing kernel, (0.11) the GPU capability and (0.33)
-    the backend choice."""
+    the backend choice. Returns the routing kernel's stand-in (an AlignSpy, which keeps the calls)."""
     no_gpu_queries(monkeypatch)
+    spy = AlignSpy()
     ws = lambda device, *a, **k: torch.zeros(132, dtype=torch.int32, device=device)  # noqa: E731
     for name in ("awq_marlin", "gptq_marlin", "auto_awq", "auto_gptq", "utils.marlin_utils"):
         try:
@@ -166,7 +146,7 @@ def _env(monkeypatch):
             mod = importlib.import_module(name)
         except ImportError:
             continue
-        monkeypatch.setattr(mod, "moe_align_block_size", align_cpu)
+        monkeypatch.setattr(mod, "moe_align_block_size", spy)
         for attr in ("marlin_make_workspace_new", "get_marlin_workspace"):
             if hasattr(mod, attr):
                 monkeypatch.setattr(mod, attr, ws)
@@ -179,6 +159,7 @@ def _env(monkeypatch):
         workspace.init_workspace_manager(torch.device("cpu"))
         marlin = importlib.import_module("vllm.model_executor.layers.fused_moe.experts.marlin_moe")
         monkeypatch.setattr(marlin.MarlinExpertsBase, "_supports_current_device", staticmethod(lambda: True))
+    return spy
 
 
 # ---------------------------------------------------------------------------------------------- the layer
@@ -248,7 +229,7 @@ def _apply(qm, layer, x, topk_weights, topk_ids, monkeypatch=None):
     import types
 
     params = inspect.signature(qm.apply).parameters
-    with _cpu_kernels():
+    with cpu_kernels():
         if "top_k" in params:  # 0.11: apply(layer, x, router_logits, top_k, renormalize, ..., expert_map, ...)
             fused_moe = importlib.import_module("vllm.model_executor.layers.fused_moe.layer")
             monkeypatch.setattr(
@@ -330,36 +311,28 @@ def test_moe_method_on_w4a16(rec, monkeypatch, method, dtype, bias, E, T, H, int
 
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 def test_moe_method_expert_parallel_on_w4a16(rec, monkeypatch, method):
-    """One rank under expert parallelism: the layer holds 4 of 8 experts and its expert_map. In 0.11 the method hands
-    expert_map to fused_marlin_moe, whose routing marks the other ranks' blocks -1 and whose GEMMs say is_ep=True;
-    both are served by w4a16 (which skips those blocks, writing nothing for them, as is_ep asks of vLLM's kernel)."""
-    import inspect
-
-    _env(monkeypatch)
-    E, E_global, T, H, inter, G = 4, 8, 16, 256, 128, 64
+    """One rank under expert parallelism: the layer holds 4 of 8 experts and its expert_map, which the method hands
+    to vLLM's fused Marlin MoE (0.11: through apply's expert_map argument; later: from the layer, in 0.33 through the
+    modular kernel). Checked as in test_vllm_moe.py (check_expert_parallel): 0.11's -1 blocks with is_ep=True, or from
+    0.14 on a routing of this rank's pairs only with local expert ids; both GEMMs served by w4a16 on the rank's
+    experts, other ranks' rows left as they were, the output the sum of this rank's rows."""
+    spy = _env(monkeypatch)
+    E, E_global, T, H, inter, G, top_k = 4, 8, 16, 256, 128, 64, 2
     qm, layer, (ck13, ck2, _, _) = _layer(method, E, H, inter, G, torch.float16, bias=False, seed=23)
-    if "expert_map" not in inspect.signature(qm.apply).parameters:
-        pytest.skip(
-            f"vLLM {VERSION}'s MoE methods take no expert_map (its fused Marlin MoE drops other ranks' experts while "
-            "routing: no is_ep, no -1 blocks)"
-        )
     layer.global_num_experts = E_global
     layer.expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 1, 3, 4, 6
     is_ep = _is_ep_spy(rec, monkeypatch)
-    topk_weights, topk_ids = _route(T, E_global, 2)
+    topk_weights, topk_ids = _route(T, E_global, top_k)
+    x = torch.randn(T, H).half()
     rec.calls.clear()
-    y = _apply(qm, layer, torch.randn(T, H).half(), topk_weights, topk_ids, monkeypatch)
+    y = _apply(qm, layer, x, topk_weights, topk_ids, monkeypatch)
 
-    assert rec.adapter.fell_back == {} and rec.adapter.served.get(MOE) == 2 and is_ep == [True, True]
-    c1, c2 = [c[1] for c in rec.named("moe_gemm")]
-    sorted_ids, expert_ids, npp = align_cpu(topk_ids, c1["block"], E_global, layer.expert_map)
-    assert (expert_ids[: int(npp) // c1["block"]] == -1).any()
-    for c, ck, (K, N) in ((c1, ck13, (H, 2 * inter)), (c2, ck2, (inter, H))):
-        ww, ws, wz = _want(method, ck[0], ck[1] if method == "awq" else None, ck[2], K, N, G)
-        assert c["w"].shape[0] == E and np.array_equal(c["w"].numpy(), ww.numpy()) and _same(c["scales"], ws)
-        assert torch.equal(c["sorted_ids"], sorted_ids) and torch.equal(c["expert_ids"], expert_ids)
-        assert torch.equal(c["npp"], npp)
-    assert _same(y, torch.sum(c2["out"].view(T, 2, H), dim=1))
+    assert is_ep == ([True, True] if "is_ep" in GEN.arg_names(MOE) else [None, None])
+    wants = [
+        _want(method, ck[0], ck[1] if method == "awq" else None, ck[2], K, N, G)
+        for ck, (K, N) in ((ck13, (H, 2 * inter)), (ck2, (inter, H)))
+    ]
+    check_expert_parallel(rec, spy, x, topk_weights, topk_ids, layer.expert_map, wants, y)
 
 
 # ---------------------------------------------------------------------------------------------- left to vLLM
