@@ -16,6 +16,7 @@ CUDA-only) and in 0.14 the router object apply routes through (both answering fi
 backend choice and the experts' device check (made from the platform: on a CPU-only machine vLLM picks its CPU
 experts, so the Marlin backend is named instead) and the model runner's workspace manager (initialised on the CPU)."""
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
