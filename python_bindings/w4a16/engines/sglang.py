@@ -1,5 +1,5 @@
 """SGLang integration: a `sglang.srt.plugins` entry point (`w4a16.engines.sglang:register`) that routes the int4
-Marlin ops of SGLang's AWQ-Marlin and GPTQ-Marlin linear layers to w4a16.
+Marlin ops of SGLang's AWQ-Marlin and GPTQ-Marlin linear and MoE layers to w4a16.
 
 SGLang (0.5.23) calls these ops as Python functions of `sglang.kernels.ops` (JIT-built CUDA kernels), imported into
 the layer modules with `from ... import name`, not through `torch.ops.sgl_kernel`; so they are replaced where SGLang
@@ -18,14 +18,16 @@ column order, as SGLang's kernel takes it, put back in natural order). Rows of b
 [0, E) (SGLang's -1 blocks, e.g. padded tokens) are left alone by w4a16's GEMM; where SGLang asks its kernel to zero
 them (zero_inactive_output) the hook zeroes them with a few small torch ops (no host sync, capture-safe).
 SGLang's workspace, use_atomic_add, use_fp32_reduce and the sorted-expert hints are not needed. Passed to SGLang's
-kernel: act-order experts, is_k_full=False, expert parallelism (is_ep), fp4 / 8-bit weights, global scales, float
-zero points, scales of another dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs w4a16
-does not run on, a first call during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created
+kernel: act-order experts, is_k_full=False, expert parallelism (is_ep: how SGLang's kernel maps experts under its
+expert map was not checked against w4a16's skipping of ids outside [0, E)), fp4 / 8-bit weights, global scales,
+float zero points, scales of another dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs
+w4a16 does not run on, a first call during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created
 while the experts load (an AROUND hook on marlin_moe_permute_scales), so captured decode graphs are served.
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
-as it is. W4A16_SGLANG=0 keeps SGLang's kernels (or leave `w4a16` out of SGLANG_PLUGINS)."""
+as it is (a changed signature of the two MoE functions leaves only the MoE layers on SGLang's kernels).
+W4A16_SGLANG=0 keeps SGLang's kernels (or leave `w4a16` out of SGLANG_PLUGINS)."""
 
 import importlib
 import inspect
