@@ -98,10 +98,14 @@ def sgl(tmp_path_factory):
         ("gptq_repack_op", "sglang.kernels.ops.quantization.gptq_marlin_repack"),
         ("plugins", "sglang.srt.plugins"),
         ("hooks", "sglang.srt.plugins.hook_registry"),
+        ("moe_gemm_op", "sglang.kernels.ops.moe.moe_wna16_marlin"),
+        ("fused_marlin_moe", "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"),
+        ("marlin_runner", "sglang.srt.layers.moe.moe_runner.marlin"),
     ]:
         setattr(mods, name, importlib.import_module(path))
     mods.original = {n: getattr(importlib.import_module(m), n) for n, m in adapter.TARGETS.items()}
     mods.original_sort = mods.marlin_utils.marlin_sort_g_idx
+    mods.original_moe = {n: getattr(importlib.import_module(m), n) for n, m in adapter.MOE_TARGETS.items()}
     mp.undo()  # the tests pretend again only while a layer loads (torch.compile must see this machine as it is)
     return mods
 
@@ -150,7 +154,7 @@ def plugin(sgl, tmp_path_factory):
 
 def _restore(sgl):
     """Put SGLang's functions back everywhere the hooks went (defining modules and `from ... import` copies)."""
-    originals = dict(sgl.original, marlin_sort_g_idx=sgl.original_sort)
+    originals = dict(sgl.original, marlin_sort_g_idx=sgl.original_sort, **sgl.original_moe)
     for mod in list(sys.modules.values()):
         if not isinstance(mod, types.ModuleType):
             continue
@@ -663,7 +667,9 @@ def test_recorded_release_registers(sgl):
     finally:
         mp.undo()
     assert done is True and len(log) == 1 and "ops now served by w4a16" in log[0], log
-    assert sorted(added) == sorted(f"{m}.{n}" for n, m in list(adapter.TARGETS.items()) + [adapter.SORT_G_IDX])
+    assert "moe_wna16_marlin_gemm" in log[0]
+    targets = list(adapter.TARGETS.items()) + [adapter.SORT_G_IDX] + list(adapter.MOE_TARGETS.items())
+    assert sorted(added) == sorted(f"{m}.{n}" for n, m in targets)
 
 
 # ------------------------------------------------------------------ torch.compile

@@ -1,5 +1,5 @@
 """SGLang integration: a `sglang.srt.plugins` entry point (`w4a16.engines.sglang:register`) that routes the int4
-Marlin ops of SGLang's AWQ-Marlin and GPTQ-Marlin linear layers to w4a16.
+Marlin ops of SGLang's AWQ-Marlin and GPTQ-Marlin linear and MoE layers to w4a16.
 
 SGLang (0.5.23) calls these ops as Python functions of `sglang.kernels.ops` (JIT-built CUDA kernels), imported into
 the layer modules with `from ... import name`, not through `torch.ops.sgl_kernel`; so they are replaced where SGLang
@@ -8,12 +8,26 @@ lets a plugin replace a function: AROUND hooks in SGLang's own HookRegistry, whi
 passes to it whatever w4a16 does not do: 8-bit weights, fp8 / fp4 Marlin (global scales), float zero points,
 act-order on a row-parallel shard (is_k_full=False) or with groups that are not whole, shapes w4a16 rejects. Marlin
 weights are bit for bit the same from either repack, so every layer can take either GEMM, call by call.
-SGLang adds the bias after the GEMM itself (in natural column order), so the GEMM gets none. MoE layers keep
-SGLang's fused Marlin MoE kernel (their per-expert repack goes through the same, bit-identical repack hook).
+SGLang adds the bias after the GEMM itself (in natural column order), so the GEMM gets none.
+
+MoE layers: SGLang's AWQ / GPTQ Marlin MoE (fused_marlin_moe) calls the Python function `moe_wna16_marlin_gemm` of
+`sglang.kernels.ops.moe.moe_wna16_marlin` twice per layer, on stacked experts whose per-expert repacks are the repack
+hooks above; an AROUND hook on it runs w4a16's grouped GEMM with SGLang's routing buffers (moe_align_block_size's
+sorted ids, expert ids, padded count), c_or_none, mul_topk_weights and the bias as they come (the bias in Marlin's
+column order, as SGLang's kernel takes it, put back in natural order). Rows of blocks whose expert id is outside
+[0, E) (SGLang's -1 blocks, e.g. padded tokens) are left alone by w4a16's GEMM; where SGLang asks its kernel to zero
+them (zero_inactive_output) the hook zeroes them with a few small torch ops (no host sync, capture-safe).
+SGLang's workspace, use_atomic_add, use_fp32_reduce and the sorted-expert hints are not needed. Passed to SGLang's
+kernel: act-order experts, is_k_full=False, expert parallelism (is_ep: how SGLang's kernel maps experts under its
+expert map was not checked against w4a16's skipping of ids outside [0, E)), fp4 / 8-bit weights, global scales,
+float zero points, scales of another dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs
+w4a16 does not run on, a first call during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created
+while the experts load (an AROUND hook on marlin_moe_permute_scales), so captured decode graphs are served.
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
-as it is. W4A16_SGLANG=0 keeps SGLang's kernels (or leave `w4a16` out of SGLANG_PLUGINS)."""
+as it is (a changed signature of the two MoE functions leaves only the MoE layers on SGLang's kernels).
+W4A16_SGLANG=0 keeps SGLang's kernels (or leave `w4a16` out of SGLANG_PLUGINS)."""
 
 import importlib
 import inspect
@@ -30,6 +44,13 @@ TARGETS = {
 }
 # Act-order GPTQ: SGLang sorts g_idx here at load time; the hook checks that the groups are whole.
 SORT_G_IDX = ("marlin_sort_g_idx", "sglang.srt.layers.quantization.marlin_utils")
+# MoE: op name -> module defining the function SGLang's fused Marlin MoE calls (the GEMM), and the load-time function
+# of the AWQ / GPTQ Marlin MoE kernels after which w4a16's MoE workspace is created. Hooked only when their
+# parameters are the recorded ones (`moe_params`); otherwise only the MoE layers stay on SGLang's kernels.
+MOE_TARGETS = {
+    "moe_wna16_marlin_gemm": "sglang.kernels.ops.moe.moe_wna16_marlin",
+    "marlin_moe_permute_scales": "sglang.srt.layers.quantization.marlin_utils",
+}
 
 # Per SGLang release: the parameters (name=default) of each hooked function, and the ids of the weight types that
 # w4a16 serves (sgl_kernel.scalar_type). Read from the installed packages by tests/engines/test_sglang.py, which
@@ -37,6 +58,13 @@ SORT_G_IDX = ("marlin_sort_g_idx", "sglang.srt.layers.quantization.marlin_utils"
 _GEMM_PARAMS = (
     "a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, "
     "size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False"
+)
+_MOE_PARAMS = (
+    "a, c_or_none, b_q_weight, b_bias_or_none, b_scales, global_scale_or_none, b_zeros_or_none, g_idx_or_none, "
+    "perm_or_none, workspace, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_weights, moe_block_size, "
+    "top_k, mul_topk_weights, is_ep, b_q_type, size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, "
+    "use_fp32_reduce=False, is_zp_float=False, expert_ids_are_sorted=False, zero_inactive_output=False, "
+    "has_inactive_prefix_count=False"
 )
 KNOWN = {
     "0.5.23": {
@@ -49,6 +77,10 @@ KNOWN = {
         },
         "scalar_type_ids": {"uint4": 1125899906843648, "uint4b8": 1125899907892224},
         "sgl_kernel_marlin_ops": {},  # sglang-kernel 0.4.10 registers no Marlin op in torch.ops.sgl_kernel
+        "moe_params": {
+            "moe_wna16_marlin_gemm": _MOE_PARAMS,
+            "marlin_moe_permute_scales": "s, size_k, size_n, group_size",
+        },
     },
 }
 
@@ -90,12 +122,19 @@ def live_schema():
         for s in torch._C._jit_get_all_schemas()
         if s.name.startswith("sgl_kernel::") and any(w in s.name for w in ("marlin", "gptq", "awq"))
     }
+    moe_params = {}
+    for name, module in MOE_TARGETS.items():
+        try:
+            moe_params[name] = params_of(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError) as e:  # moved or gone: only the MoE layers are then left alone
+            moe_params[name] = f"missing ({type(e).__name__})"
     return {
         "sglang": ver("sglang"),
         "sglang_kernel": ver("sglang-kernel", "sgl-kernel"),
         "params": params,
         "scalar_type_ids": ids,
         "sgl_kernel_marlin_ops": ops,
+        "moe_params": moe_params,
     }
 
 
@@ -294,6 +333,162 @@ def make_hooks(uint4_id, uint4b8_id):
     }
 
 
+def _moe():
+    from .. import moe  # looked up per call, so that tests can stand in for w4a16's grouped GEMM
+
+    return moe
+
+
+def zero_inactive_rows(c, sorted_ids, expert_ids, npp, block, num_experts):
+    """Zero the rows of c that SGLang's routing put in blocks with no expert of this layer (expert id outside
+    [0, E), within the padded count): what SGLang's kernel does for zero_inactive_output=True, and w4a16's grouped
+    GEMM does not (it skips those blocks). Fixed-shape torch ops only (no host sync, capture-safe); rows listed in no
+    block are left as they are, as SGLang leaves them."""
+    import torch
+
+    rows = c.shape[0]
+    n = min(sorted_ids.numel(), expert_ids.numel() * block)
+    ids = sorted_ids[:n].to(torch.int64)
+    pos = torch.arange(n, device=ids.device)
+    e = expert_ids.index_select(0, pos // block)
+    inactive = ((e < 0) | (e >= num_experts)) & (pos < npp[:1].to(torch.int64)) & (ids >= 0) & (ids < rows)
+    mask = torch.zeros(rows + 1, dtype=torch.bool, device=c.device)
+    mask.index_fill_(0, torch.where(inactive, ids, rows), True)
+    c.masked_fill_(mask[:rows].unsqueeze(1), 0)
+
+
+def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
+    """AROUND hooks of the MoE path: SGLang's moe_wna16_marlin_gemm on w4a16's grouped GEMM (`moe_gemm`: SGLang's
+    function, whose signature the arguments are bound by) and marlin_moe_permute_scales (creates w4a16's MoE
+    workspace while the experts load)."""
+    import torch
+
+    import w4a16
+
+    from .._checks_torch import group_of_rows
+    from . import _common
+
+    def served_device(device):  # _common's looked up per call (tests stand in for it)
+        return (device_ok or _common.device_supported)(device)
+
+    signature = inspect.signature(moe_gemm)
+    floats = (torch.float16, torch.bfloat16)
+    op = "moe_wna16_marlin_gemm"
+
+    def pass_through(reason, original, args, kwargs):
+        if not torch.compiler.is_compiling():
+            _once(f"{op} {reason}", logging.INFO, "w4a16: %s %s: SGLang's own kernel", op, reason)
+        return original(*args, **kwargs)
+
+    def refusal(p):
+        """Why w4a16 does not take this call (None when it does): only host-side facts."""
+        a, b_scales, b_zeros, w = p["a"], p["b_scales"], p["b_zeros_or_none"], p["b_q_weight"]
+        size_n, size_k, block = p["size_n"], p["size_k"], p["moe_block_size"]
+        if p["global_scale_or_none"] is not None:
+            return "global scale (fp4)"
+        if p["is_zp_float"]:
+            return "float zero points"
+        if not _empty(p["g_idx_or_none"]) or not _empty(p["perm_or_none"]):
+            return "act-order experts (g_idx / perm)"
+        if not p["is_k_full"]:
+            return "act-order on a row-parallel shard (is_k_full=False)"
+        if p["is_ep"]:
+            return "expert parallelism (is_ep=True)"
+        if a.dtype not in floats or b_scales.dtype != a.dtype:
+            return f"activations {a.dtype} with scales {b_scales.dtype}"
+        qid = getattr(p["b_q_type"], "id", None)
+        if qid == uint4_id:
+            if _empty(b_zeros):
+                return "uint4 without zero points"
+        elif qid == uint4b8_id:
+            if not _empty(b_zeros):
+                return "uint4b8 with zero points"
+        else:
+            return f"weight type {getattr(p['b_q_type'], 'name', p['b_q_type'])} (not 4-bit uint4 / uint4b8)"
+        if block < 8 or block > 64 or block % 8:
+            return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
+        if p["top_k"] < 1 or size_n % 64 or size_k % 64:
+            return f"shape N={size_n} K={size_k} (w4a16 MoE: N % 64, K % 64)"
+        if w.dtype != torch.int32 or w.dim() != 3 or tuple(w.shape[1:]) != (size_k // 16, 2 * size_n):
+            return "weight not in the 4-bit Marlin layout"
+        if b_scales.dim() != 3 or group_of_rows(b_scales.shape[1], size_k) is None:
+            return f"scales {tuple(b_scales.shape)} for K={size_k}"
+        if p["mul_topk_weights"] and p["topk_weights"].dtype != torch.float32:
+            return f"topk_weights {p['topk_weights'].dtype}"
+        if not served_device(a.device):
+            return f"device {a.device} not served by w4a16"
+        return _common.capture_reason(a, _moe()._workspaces, "MoE ")
+
+    def moe_wna16_marlin_gemm(original, *args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        p = bound.arguments
+        reason = refusal(p)
+        if reason is not None:
+            return pass_through(reason, original, args, kwargs)
+        a, c, size_m, size_n, top_k = p["a"], p["c_or_none"], p["size_m"], p["size_n"], p["top_k"]
+        if size_m == 0:  # as SGLang: nothing to compute
+            return c if c is not None else a.new_zeros((0, size_n))
+        bias = p["b_bias_or_none"]
+        bias = _common.marlin_bias_unpermute(bias) if bias is not None else None
+        zeros = None if _empty(p["b_zeros_or_none"]) else p["b_zeros_or_none"]
+        sorted_ids, expert_ids, npp, block = (
+            p["sorted_token_ids"],
+            p["expert_ids"],
+            p["num_tokens_post_padded"],
+            p["moe_block_size"],
+        )
+        try:
+            out = _moe()._grouped(
+                "marlin",
+                a,
+                c,
+                p["b_q_weight"],
+                bias,
+                p["b_scales"],
+                zeros,
+                sorted_ids,
+                expert_ids,
+                npp,
+                p["topk_weights"],
+                p["mul_topk_weights"],
+                block,
+                top_k,
+                size_m,
+                size_n,
+                p["size_k"],
+            )
+        except ValueError as e:  # w4a16 refused the call: it launched and wrote nothing
+            return pass_through(f"w4a16 refused it ({e})", original, args, kwargs)
+        except w4a16.W4A16Error as e:
+            if e.status not in _common.REFUSALS:
+                raise  # a device fault: SGLang's kernel would run on a broken context and hide it
+            return pass_through(f"w4a16 refused it ({e})", original, args, kwargs)
+        # c_or_none None: w4a16 allocated c zeroed, as SGLang does; a caller's c keeps its inactive rows unless asked
+        if c is not None and p["zero_inactive_output"]:
+            zero_inactive_rows(out, sorted_ids, expert_ids, npp, block, p["b_q_weight"].shape[0])
+        _state["moe_served"] = _state.get("moe_served", 0) + 1
+        return out
+
+    def marlin_moe_permute_scales(original, s, size_k, size_n, group_size):
+        out = original(s, size_k, size_n, group_size)
+        if s.is_cuda and served_device(s.device):
+            _moe().prepare(s.device)  # load time, before any CUDA graph is captured
+        return out
+
+    return {"moe_wna16_marlin_gemm": moe_wna16_marlin_gemm, "marlin_moe_permute_scales": marlin_moe_permute_scales}
+
+
+def check_moe(live):
+    """'' when the running SGLang's MoE functions are the recorded ones (check() passed), else why not."""
+    known = KNOWN[live["sglang"]]["moe_params"]
+    for name, params in known.items():
+        if live.get("moe_params", {}).get(name) != params:
+            got = live.get("moe_params", {}).get(name)
+            return f"{name}({got}) differs from the recorded ({params})"
+    return ""
+
+
 def check(live):
     """'' when w4a16 knows the running SGLang, else the reason it does not."""
     known = KNOWN.get(live["sglang"])
@@ -343,12 +538,26 @@ def register():
         return False
     for name, module in list(TARGETS.items()) + [SORT_G_IDX]:
         HookRegistry.register(f"{module}.{name}", hooks[name], HookType.AROUND)
+    moe_why = check_moe(live)
+    if not moe_why:
+        try:
+            moe_gemm = getattr(importlib.import_module(MOE_TARGETS["moe_wna16_marlin_gemm"]), "moe_wna16_marlin_gemm")
+            moe_hooks = make_moe_hooks(live["scalar_type_ids"]["uint4"], live["scalar_type_ids"]["uint4b8"], moe_gemm)
+        except Exception as e:
+            moe_why = f"{type(e).__name__}: {e}"
+    if moe_why:
+        log.warning("w4a16: SGLang %s: %s; its MoE layers stay on SGLang's kernels", live["sglang"], moe_why)
+    else:
+        for name, module in MOE_TARGETS.items():
+            HookRegistry.register(f"{module}.{name}", moe_hooks[name], HookType.AROUND)
+    served = list(TARGETS) + ([] if moe_why else ["moe_wna16_marlin_gemm"])
     log.info(
-        "w4a16: SGLang %s (sglang-kernel %s) ops now served by w4a16 %s: %s; MoE GEMMs, 8-bit and fp8/fp4 "
-        "Marlin stay on SGLang's kernels",
+        "w4a16: SGLang %s (sglang-kernel %s) ops now served by w4a16 %s: %s; %s8-bit and fp8/fp4 Marlin stay on "
+        "SGLang's kernels",
         live["sglang"],
         live["sglang_kernel"],
         w4a16.version(),
-        ", ".join(TARGETS),
+        ", ".join(served),
+        "MoE GEMMs, " if moe_why else "act-order / expert-parallel MoE, ",
     )
     return True

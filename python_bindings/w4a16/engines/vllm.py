@@ -278,20 +278,8 @@ def _wt():
     return wt
 
 
-# W4A16Error statuses that mean "w4a16 does not take this call" (arguments, shapes, an unsupported GPU, driver or
-# profile, not implemented): the library launched and wrote nothing. The rest (W4A16_ERR_CUDA, _LAUNCH_FAILED,
-# _INTERNAL) are raised.
-_REFUSALS = frozenset(range(1, 20)) | {20, 21, 22, 23, 26}
-
-
-def _capture_reason(a, workspaces, what):
-    """Why not during a CUDA-graph capture: the first call on a device creates w4a16's workspace, which inside a
-    capture would live in the graph's memory pool (None when not capturing or the workspace exists)."""
-    if a.is_cuda and torch.cuda.is_current_stream_capturing():
-        idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        if idx not in workspaces:
-            return f"first call during CUDA-graph capture (w4a16's {what}workspace does not exist yet)"
-    return None
+_REFUSALS = _common.REFUSALS  # W4A16Error statuses that mean "w4a16 does not take this call"
+_capture_reason = _common.capture_reason
 
 
 def _moe():
