@@ -279,8 +279,19 @@ def test_moe_hooks_installed(sgl, plugin):
         ("awq", torch.bfloat16, 128, 256, True),
         ("gptq", torch.float16, 64, 128, True),
         ("gptq", torch.float16, 128, 256, False),
+        # expert width = G (e.g. 512 at tensor parallelism 4, G = 128): SGLang permutes the gate/up scales for
+        # size_k = the width, the one-group order; the hook must give them the grouped order the kernel reads
+        ("awq", torch.float16, 128, 128, False),
+        ("gptq", torch.float16, 64, 64, True),
     ],
-    ids=["awq-fp16-g64", "awq-bf16-g128-padded", "gptq-fp16-g64-padded", "gptq-fp16-g128"],
+    ids=[
+        "awq-fp16-g64",
+        "awq-bf16-g128-padded",
+        "gptq-fp16-g64-padded",
+        "gptq-fp16-g128",
+        "awq-fp16-g128-width128",
+        "gptq-fp16-g64-width64-padded",
+    ],
 )
 def test_moe_layer_on_w4a16(sgl, plugin, grouped, kind, dtype, G, inter, padded):
     E, H, T, top_k = 4, 256, 7, 2

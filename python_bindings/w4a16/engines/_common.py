@@ -141,3 +141,18 @@ def marlin_bias_unpermute(b):
     the permutation is its own inverse. Views and one copy: no index tensor, nothing that a CUDA-graph capture or
     torch.compile cannot take."""
     return b.reshape(-1, 4, 4, 2).transpose(1, 2).reshape(b.shape).contiguous()
+
+
+def grouped_size_k(rows, size_k, group_size, is_a_8bit=False):
+    """The size_k for which marlin_permute_scales (vLLM's and SGLang's: grouped order when group_size < size_k) gives
+    [rows, N] MoE scales the order the Marlin MoE kernel reads: grouped for more than one row (it takes G = K / rows),
+    the one-group order for one row. The engine's own size_k where it already does, and for per-channel scales and
+    W4A8 (not served)."""
+    if group_size == -1 or is_a_8bit:
+        return size_k
+    grouped = group_size < size_k
+    if rows > 1 and not grouped:
+        return rows * group_size  # the K these scales cover, above G
+    if rows == 1 and grouped:
+        return group_size
+    return size_k

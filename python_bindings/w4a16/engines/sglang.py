@@ -22,7 +22,9 @@ kernel: act-order experts, is_k_full=False, expert parallelism (is_ep: how SGLan
 expert map was not checked against w4a16's skipping of ids outside [0, E)), fp4 / 8-bit weights, global scales,
 float zero points, scales of another dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs
 w4a16 does not run on, a first call during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created
-while the experts load (an AROUND hook on marlin_moe_permute_scales), so captured decode graphs are served.
+while the experts load (an AROUND hook on marlin_moe_permute_scales), so captured decode graphs are served; the
+same hook permutes gate/up scales of expert widths up to G for the order the kernel reads (SGLang, like vLLM, permutes
+them for size_k = the width: engines/vllm.py, "MoE scale order").
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
@@ -471,7 +473,23 @@ def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
         return out
 
     def marlin_moe_permute_scales(original, s, size_k, size_n, group_size):
-        out = original(s, size_k, size_n, group_size)
+        # SGLang's AWQ / GPTQ MoE methods pass the expert width per partition as size_k for the gate/up scales (as
+        # vLLM does): where it is at most G, grouped scales would get the one-group order the kernel does not read
+        # (it takes the order from the scale rows). Permute for the order the kernel reads.
+        k = _common.grouped_size_k(s.shape[1], size_k, group_size)
+        if k != size_k:
+            _once(
+                "moe scale order",
+                logging.WARNING,
+                "w4a16: SGLang permutes the scales of MoE layers like this one (%d scale rows, G=%d) for size_k=%d, "
+                "an order the Marlin MoE kernel does not read; w4a16 permutes them for size_k=%d, so these layers "
+                "compute the checkpoint's weights (on w4a16 and on SGLang's kernel alike)",
+                s.shape[1],
+                group_size,
+                size_k,
+                k,
+            )
+        out = original(s, k, size_n, group_size)
         if s.is_cuda and served_device(s.device):
             _moe().prepare(s.device)  # load time, before any CUDA graph is captured
         return out

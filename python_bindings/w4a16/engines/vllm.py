@@ -288,18 +288,7 @@ def _moe():
     return moe
 
 
-def grouped_size_k(rows, size_k, group_size, is_a_8bit=False):
-    """The size_k for which vLLM's marlin_permute_scales (grouped order when group_size < size_k) gives [rows, N] MoE
-    scales the order the Marlin MoE kernel reads: grouped for more than one row (it takes G = K / rows), the one-group
-    order for one row. vLLM's own size_k where it already does, and for per-channel scales and W4A8 (not served)."""
-    if group_size == -1 or is_a_8bit:
-        return size_k
-    grouped = group_size < size_k
-    if rows > 1 and not grouped:
-        return rows * group_size  # the K these scales cover, above G
-    if rows == 1 and grouped:
-        return group_size
-    return size_k
+grouped_size_k = _common.grouped_size_k  # shared with the SGLang adapter
 
 
 class VllmAdapter:
