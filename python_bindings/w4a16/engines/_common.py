@@ -156,3 +156,22 @@ def grouped_size_k(rows, size_k, group_size, is_a_8bit=False):
     if rows == 1 and grouped:
         return group_size
     return size_k
+
+
+def moe_weight_reason(a, b_scales, has_zeros, kind, type_text, block):
+    """Why w4a16's grouped GEMM does not take a Marlin MoE call's operands (None when it does), the checks both engines'
+    MoE GEMMs share, in this order: activation / scale dtypes, the weight type (`kind` "uint4" with zero points or
+    "uint4b8" without; None: `type_text` is not 4-bit) and the routing block size."""
+    if a.dtype not in (torch.float16, torch.bfloat16) or b_scales.dtype != a.dtype:
+        return f"activations {a.dtype} with scales {b_scales.dtype}"
+    if kind == "uint4":
+        if not has_zeros:
+            return "uint4 without zero points"
+    elif kind == "uint4b8":
+        if has_zeros:
+            return "uint4b8 with zero points"
+    else:
+        return f"{type_text} (not 4-bit uint4 / uint4b8)"
+    if block < 8 or block > 64 or block % 8:
+        return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
+    return None

@@ -374,7 +374,6 @@ def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
         return (device_ok or _common.device_supported)(device)
 
     signature = inspect.signature(moe_gemm)
-    floats = (torch.float16, torch.bfloat16)
     op = "moe_wna16_marlin_gemm"
 
     def pass_through(reason, original, args, kwargs):
@@ -396,19 +395,12 @@ def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
             return "act-order on a row-parallel shard (is_k_full=False)"
         if p["is_ep"]:
             return "expert parallelism (is_ep=True)"
-        if a.dtype not in floats or b_scales.dtype != a.dtype:
-            return f"activations {a.dtype} with scales {b_scales.dtype}"
         qid = getattr(p["b_q_type"], "id", None)
-        if qid == uint4_id:
-            if _empty(b_zeros):
-                return "uint4 without zero points"
-        elif qid == uint4b8_id:
-            if not _empty(b_zeros):
-                return "uint4b8 with zero points"
-        else:
-            return f"weight type {getattr(p['b_q_type'], 'name', p['b_q_type'])} (not 4-bit uint4 / uint4b8)"
-        if block < 8 or block > 64 or block % 8:
-            return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
+        kind = {uint4_id: "uint4", uint4b8_id: "uint4b8"}.get(qid)
+        type_text = f"weight type {getattr(p['b_q_type'], 'name', p['b_q_type'])}"
+        reason = _common.moe_weight_reason(a, b_scales, not _empty(b_zeros), kind, type_text, block)
+        if reason is not None:
+            return reason
         if p["top_k"] < 1 or size_n % 64 or size_k % 64:
             return f"shape N={size_n} K={size_k} (w4a16 MoE: N % 64, K % 64)"
         if w.dtype != torch.int32 or w.dim() != 3 or tuple(w.shape[1:]) != (size_k // 16, 2 * size_n):

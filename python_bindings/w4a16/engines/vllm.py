@@ -448,20 +448,12 @@ class VllmAdapter:
             return "act-order experts (g_idx / perm)"
         if not p.get("is_full_k", True):
             return "act-order on a row-parallel shard (is_full_k=False)"
-        if a.dtype not in _FLOATS or b_scales.dtype != a.dtype:
-            return f"activations {a.dtype} with scales {b_scales.dtype}"
-        has_zp = b_zeros is not None and b_zeros.numel() > 0
         type_id = p.get("b_type_id", p.get("b_q_type_id"))  # b_q_type_id in 0.11
-        if type_id == self.uint4:
-            if not has_zp:
-                return "uint4 without zero points"
-        elif type_id == self.uint4b8:
-            if has_zp:
-                return "uint4b8 with zero points"
-        else:
-            return f"weight type id {type_id} (not 4-bit uint4 / uint4b8)"
-        if block < 8 or block > 64 or block % 8:
-            return f"moe_block_size {block} (w4a16: 8..64 in steps of 8)"
+        kind = {self.uint4: "uint4", self.uint4b8: "uint4b8"}.get(type_id)
+        has_zp = b_zeros is not None and b_zeros.numel() > 0
+        reason = _common.moe_weight_reason(a, b_scales, has_zp, kind, f"weight type id {type_id}", block)
+        if reason is not None:
+            return reason
         if p["size_m"] < 1 or p["top_k"] < 1 or size_n % 64 or size_k % 64:
             return f"shape M={p['size_m']} N={size_n} K={size_k} (w4a16 MoE: N % 64, K % 64)"
         if b_scales.dim() != 3 or group_of_rows(b_scales.shape[1], size_k) is None:
