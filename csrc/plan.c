@@ -102,17 +102,18 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
     pl->grid[2] = pl->splits;
 }
 
-/* Whether `tiles` tiles of config c leave more than the stream-K threshold of its block slots idle with no way to share
- * K among blocks: tiles that split K among their warps (WK > 1) never share a tile between blocks (see
- * w4a16_plan_gemm), and the aligned split needs at most half a wave of tiles. Only asked where the alternative
- * config `other` computes a tile in one warp's K range (WK = 1), so stream-K can balance it. */
+/* Whether `tiles` tiles of config c, K deep, run unshared where stream-K would share them if c's tiles could straddle
+ * blocks: tiles that split K among their warps (WK > 1) never do (see w4a16_plan_gemm), so with more than half a wave
+ * and a last wave under the fill threshold they keep SMs idle. Only asked where the alternative config `other`
+ * computes a tile in one warp's K range (WK = 1), which stream-K can balance. */
 static int unsplittable(const w4a16_device_state *st, const w4a16_gemm_config *c, int layout, int stages,
-                        long long tiles, int other) {
+                        long long tiles, int K, int other) {
     if (c->wk == 1 || w4a16_config(other)->wk != 1) return 0;
-    const long long slots =
-        (long long)st->sm_count * tile_blocks_per_sm(st, w4a16_cfg_smem_bytes(c, layout, stages), c->minb);
-    const long long rest = tiles % slots;
-    return rest != 0 && rest * 100 < slots * W4A16_SK_MIN_WAVE_FILL && !(tiles < slots && tiles * 2 <= slots);
+    const int slots = st->sm_count * tile_blocks_per_sm(st, w4a16_cfg_smem_bytes(c, layout, stages), c->minb);
+    int as_planned, shared, tiles_unused;
+    w4a16_plan_stream_k(tiles, cdiv(K, w4a16_cfg_bk(c)), slots, 2, 0, &as_planned, &tiles_unused);
+    w4a16_plan_stream_k(tiles, cdiv(K, w4a16_cfg_bk(c)), slots, 2, 1, &shared, &tiles_unused);
+    return as_planned == 0 && shared > 0;
 }
 
 /* The mma.sync tile of the profile's M regime, adjusted by how many tiles the layer makes on this device. */
@@ -127,7 +128,7 @@ static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int lay
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     long long tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
     if (tc == &p->mid && (tiles >= (long long)p->mid_wide_tiles_per_sm * st->sm_count ||
-                          unsplittable(st, c, layout, tc->stages, tiles, p->mid_wide.cfg))) {
+                          unsplittable(st, c, layout, tc->stages, tiles, K, p->mid_wide.cfg))) {
         /* wide layer: enough blocks without the 8-warp tile (the 4-warp one runs two per SM); or tiles that would
          * leave SMs idle and only a tile in one warp's K range can share among blocks */
         tc = &p->mid_wide;
