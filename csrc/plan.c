@@ -173,10 +173,11 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
     const int decode = w4a16_cfg_is_decode(c);
-    /* decode tiles: 8 tokens per MMA up to M = 8; beyond, 16 where the register budget allows (configs.h) */
-    pl->kind = decode && M <= 8                               ? W4A16_KERNEL_DECODE8
-               : decode && c->minb <= W4A16_DECODE16_MAX_MINB ? W4A16_KERNEL_DECODE16
-                                                              : W4A16_KERNEL_MMA;
+    /* decode tiles: 8 tokens per MMA up to M = 8, 16 up to M = 16 and beyond where the register budget allows
+     * (configs.h) */
+    pl->kind = decode && M <= 8                                            ? W4A16_KERNEL_DECODE8
+               : decode && (M <= 16 || c->minb <= W4A16_DECODE16_MAX_MINB) ? W4A16_KERNEL_DECODE16
+                                                                           : W4A16_KERNEL_MMA;
     pl->cfg = tc->cfg;
     pl->stages = tc->stages;
     pl->threads = w4a16_cfg_threads(c);

@@ -6,8 +6,8 @@
 #include "instance.h"
 
 namespace w4a16 {
-// The decode configs (MT = WM = NH = 1) have a decode kernel of 8 tokens per MMA, and either a 16-token one (when
-// their register budget allows it, configs.h W4A16_DECODE16_MINB) or the tile kernel for M > 8; the other configs
+// The decode configs (MT = WM = NH = 1) have a decode kernel of 8 tokens per MMA, a 16-token one, and (when their
+// register budget is too small for 16 tokens beyond M = 16, configs.h) the tile kernel for M > 16; the other configs
 // have the tile kernel only, once per stage count of W4A16_TILE_STAGES. A kind (or stage count) a config was not
 // compiled for yields no kernel.
 template <typename T, int LAYOUT, int ID, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
@@ -30,11 +30,9 @@ GemmKernelRef select_tile(int kind, int stages) {
                   "configs.h w4a16_format_stage_bytes differs from tiles.cuh WeightTile::B_BYTES");
     if constexpr (MT == 1 && WM == 1 && NH == 1) {
         if (kind == W4A16_KERNEL_DECODE8) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, 1>, THREADS, 0};
-        if constexpr (MINB <= W4A16_DECODE16_MAX_MINB) {
-            constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
-            if (kind == W4A16_KERNEL_DECODE16)
-                return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
-        } else { // the tile kernel (M > 8): its stream-K epilogue needs the register budget of 3 blocks per SM
+        constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
+        if (kind == W4A16_KERNEL_DECODE16) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
+        if constexpr (MINB > W4A16_DECODE16_MAX_MINB) { // the tile kernel for M > 16
             if (kind == W4A16_KERNEL_MMA)
                 return tile_kernel<T, LAYOUT, ID, MT, WM, NH, WN, WK, KS, W4A16_TILE_MINB(MINB)>(stages);
         }

@@ -290,7 +290,7 @@ static void test_plan_invariants(void **state) {
                                 assert_int_equal(pl.threads, w4a16_cfg_threads(c));
                                 assert_int_equal(pl.kind == W4A16_KERNEL_MMA,
                                                  !w4a16_cfg_is_decode(c) ||
-                                                     (M > 8 && c->minb > W4A16_DECODE16_MAX_MINB));
+                                                     (M > 16 && c->minb > W4A16_DECODE16_MAX_MINB));
                                 if (pl.kind == W4A16_KERNEL_DECODE8) assert_true(M <= 8);
                                 /* the tile fits a block, and its resident blocks fit the (emulated) SM */
                                 assert_true((size_t)pl.smem_bytes <= st.smem_optin);
@@ -323,39 +323,42 @@ static void test_plan_invariants(void **state) {
     print_message("  %d plans checked\n", checked);
 }
 
-/* By hand (configs.h, profiles.c): llama3-8b.qkv (K = 4096, N = 6144) at M = 1, AWQ fp16, small workspace. The
- * 128-k decode tile (64 x 2 channels, 4 warps) makes 48 tiles; 3 stages of 15616 bytes = 46848 bytes, so two blocks
- * fit a 100 KB SM (2 x 47872 <= 102400) and four fit the H100's 228 KB (the config allows 4). Splits: slots / tiles,
- * at most 16 and at least 2 of the 32 k-tiles each. */
+/* By hand (configs.h, profiles.c): llama3-8b.qkv (K = 4096, N = 6144) at M = 1 (and 16), AWQ fp16, small workspace.
+ * The 128-k decode tile (64 x 2 channels, 4 warps) makes 48 tiles; 3 stages of 15616 bytes = 46848 bytes, so two
+ * blocks fit a 100 KB SM (2 x 47872 <= 102400) and four fit the H100's 228 KB (the config allows 4). Splits: slots /
+ * tiles, at most 16 and at least 2 of the 32 k-tiles each. At M = 16 the 16-token decode kernel (built for 3 blocks
+ * per SM) runs the same tile, not the mma.sync tile kernel. */
 static void test_hand_checked(void **state) {
     (void)state;
     const struct {
         const char *name, *profile;
         int sms, smem_block, wgmma;
         const char *forced;
-        int kind, cfg, splits, bps;
+        int M, kind, cfg, splits, bps;
     } c[] = {
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},        /* 340 / 48 */
-        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},    /* 376 / 48 */
-        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},             /* 96 / 48 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2}, /* 264/48 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},     /* 340 / 48 */
+        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2}, /* 376 / 48 */
+        {"GB10", "sm121", 48, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},          /* 96 / 48 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2}, /* 264 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 7, 2},
+        {"GB10", "sm121", 48, 101376, 0, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 2, 2},
         /* A100: the deep decode tile (2 stages of 31232 bytes: 2 blocks per 164 KB SM; 256 k: 16 k-tiles, at least 4
          * each): 216 slots / 48 = 4 */
-        {"A100", "sm80", 108, 166912, 0, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+        {"A100", "sm80", 108, 166912, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
         /* H100: the deep decode tile with 3 stages (93696 bytes: 2 per SM), 264 slots / 48 = 5, 16 k-tiles / 4 = 4 */
-        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+        {"H100", "sm90", 132, 232448, 1, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
         w4a16_device_state st = device_state(&d);
         if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
         w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 1, 6144, 4096,
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, c[i].M, 6144, 4096,
                                          w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
                          W4A16_OK);
         char text[256];
         w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s %s\n", c[i].name, text);
+        print_message("  %-13s M=%d: %s\n", c[i].name, c[i].M, text);
         assert_int_equal(pl.kind, c[i].kind);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.splits, c[i].splits);
