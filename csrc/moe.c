@@ -211,6 +211,13 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
                           "allows %zu",
                           op, block_size, w4a16_moe_smem_bytes(a->tile, layout, a->stages), device, st->smem_optin);
     if (block_size <= 16) moe_tile16(st, device, a);
+    /* The 64-row tile (4 warps) with 3 stages of 64 k takes 53-56 KB: one block per 100 KB SM, so 4 warps to hide
+     * every latency. With 2 stages (35-37 KB) two blocks fit: 0.67-0.75x the time at T >= 1024 under the sm120
+     * profile (docs/PERFORMANCE.md "MoE m5"). */
+    if (a->tile == W4A16_MOE_TILE_64 &&
+        st->smem_per_sm / (w4a16_moe_smem_bytes(a->tile, layout, a->stages) + st->smem_reserved) < 2 &&
+        st->smem_per_sm / (w4a16_moe_smem_bytes(a->tile, layout, 2) + st->smem_reserved) >= 2)
+        a->stages = 2;
     /* AWQ's 16-row tiles run channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): their weight
      * rows are 32- to 128-byte pieces, which a 128-byte fetch serves to the neighbouring tiles only while they run
      * together. The Marlin layout's pieces are 512 bytes and more: there the channel-fast order measured 0.97-1.09x the

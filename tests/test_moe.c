@@ -677,7 +677,8 @@ static void test_moe_split_k(void **state) {
 
 /* Under a forced profile, every MoE kernel (each tile, layout and dtype, split or not) must get the resident blocks
  * per SM its plan counts on: on a GPU with larger SMs than the profile's architecture, only the carveout that holds
- * each SM to the profile's shared memory keeps more blocks from running than on that architecture. */
+ * each SM to the profile's shared memory keeps more blocks from running than on that architecture. And the 64-row
+ * tile's plans keep at least two of its 4-warp blocks per SM. */
 static void check_moe_occupancy(const char *profile) {
     int dev_smem_per_sm = 0;
     GPU_CHECK(cudaDeviceGetAttribute(&dev_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
@@ -699,6 +700,11 @@ static void check_moe_occupancy(const char *profile) {
                                  ws ? " with a workspace" : "", pi.occupancy, pi.blocks_per_sm, pi.text);
                     if (ws && blocks[b] <= 16 && pi.splits < 2)
                         fail_msg("profile %s: the decode-sized call did not split K (%s)", profile, pi.text);
+                    /* the 64-row tile has 4 warps: one block per SM leaves too few to hide latency (on 100 KB SMs
+                     * it runs 2 stages so that two fit) */
+                    if (blocks[b] == 64 && pi.blocks_per_sm < 2)
+                        fail_msg("profile %s: the 64-row tile holds %d block per SM (%s)", profile, pi.blocks_per_sm,
+                                 pi.text);
                     emulated += pi.carveout >= 0;
                     held += pi.occupancy == pi.smem_blocks_per_sm;
                     plans++;
