@@ -8,7 +8,8 @@ intermediate caches poisoned with NaN and passed as c_or_none, the Marlin-ordere
 zero_inactive_output on the second GEMM. The output must match an fp32 reference computed per expert from the
 checkpoint tensors, the padded tokens' rows must be exactly zero, and the stand-in (SGLang's kernel) must never run.
 The same layer is then captured in a CUDA graph (w4a16's MoE workspace created by the load-time hook) and replayed
-on new inputs."""
+on new inputs. Expert parallelism (is_ep=True, an expert map's routing, -1 blocks in SGLang's order or scattered)
+is checked against the same kind of reference over one rank's experts."""
 
 import json
 import pathlib
@@ -80,10 +81,10 @@ def _experts(kind, E, K, N, G, dtype, rng):
     return w, sc, z, torch.from_numpy(np.stack(ref)).cuda()
 
 
-def sglang_routing(topk_ids, block, E):
+def sglang_routing(topk_ids, block, E, prefix_count=True):
     """SGLang's moe_align_block_size output (its buffer sizes; -1 pairs first, then each expert's, each run padded to
-    a multiple of block with the pair count; [padded count, -1 blocks]), the tails past the runs poisoned (SGLang
-    leaves them unwritten)."""
+    a multiple of block with the pair count; [padded count, -1 blocks], or [padded count] where prefix_count is False
+    as under expert parallelism), the tails past the runs poisoned (SGLang leaves them unwritten)."""
     ids = topk_ids.cpu()
     numel = ids.numel()
     cap = numel * block if numel < E + 1 else numel + (E + 1) * (block - 1)
@@ -100,11 +101,13 @@ def sglang_routing(topk_ids, block, E):
             expert_ids[pos // block : pos // block + nb] = e
             inactive += nb if e < 0 else 0
             pos += nb * block
-    return sorted_ids.cuda(), expert_ids.cuda(), torch.tensor([pos, inactive], dtype=torch.int32).cuda()
+    npp = [pos, inactive] if prefix_count else [pos]
+    return sorted_ids.cuda(), expert_ids.cuda(), torch.tensor(npp, dtype=torch.int32).cuda()
 
 
-def _layer(standin, x, tw, ids, w13, s13, z13, b13, w2, s2, z2, b2, E, inter, block, routing, cache13):
-    """fused_marlin_moe's two GEMMs (SiLU-and-mul between), on SGLang's caches; returns (h, rows, out)."""
+def _layer(standin, x, tw, ids, w13, s13, z13, b13, w2, s2, z2, b2, E, inter, block, routing, cache13, ep=False):
+    """fused_marlin_moe's two GEMMs (SiLU-and-mul between), on SGLang's caches; returns (h, rows, out). ep: as with an
+    expert map (is_ep=True, the sorted-id hints off)."""
     T, top_k = ids.shape
     H = x.shape[1]
     sorted_ids, expert_ids, npp = routing
@@ -118,9 +121,9 @@ def _layer(standin, x, tw, ids, w13, s13, z13, b13, w2, s2, z2, b2, E, inter, bl
         num_tokens_post_padded=npp,
         topk_weights=tw,
         moe_block_size=block,
-        is_ep=False,
-        expert_ids_are_sorted=True,
-        has_inactive_prefix_count=True,
+        is_ep=ep,
+        expert_ids_are_sorted=not ep,
+        has_inactive_prefix_count=not ep,
         is_k_full=True,
         use_atomic_add=True,
         use_fp32_reduce=True,
@@ -224,6 +227,50 @@ def test_sglang_moe_layer_vs_fp32(standin, kind, dtype, T, E, bias, padded):
     assert err < 2e-2, err
     if padded:
         assert torch.equal(out[-padded:], torch.zeros_like(out[-padded:]))
+
+
+@pytest.mark.parametrize("kind", ["awq", "gptq"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scattered", [False, True], ids=["sglang-order", "scattered"])
+def test_sglang_moe_expert_parallel_vs_fp32(standin, kind, dtype, scattered):
+    """One rank of expert parallelism as SGLang 0.5.23 runs it with an expert map (compressed-tensors WNA16 Marlin
+    MoE): rank 1 of 2 over 8 experts; the dispatcher maps the router's ids to local ids 0..3 and the other rank's to -1;
+    the routing is made over the 8 global experts (-1 blocks, one-word padded count) and both GEMMs get is_ep=True with
+    the sorted hints off. SGLang's kernel skips the -1 blocks wherever they are, so a second routing moves them between
+    the others ("scattered"). Rows of the other rank's pairs: untouched (NaN) after the first GEMM, zero after the
+    second (zero_inactive_output); the layer must match an fp32 reference over this rank's experts."""
+    E_global, E, T = 8, 4, 24
+    H, inter, top_k, (w13, s13, z13, r13), (w2, s2, z2, r2), b13, b2 = _inputs(
+        kind, dtype, T, E, True, 5150 + (kind == "gptq") + 2 * (dtype == torch.bfloat16) + 4 * scattered
+    )
+    x = torch.randn(T, H, device="cuda").to(dtype)
+    tw, global_ids = _route(T, E_global, top_k, 0)
+    mapping = torch.full((E_global,), -1, dtype=torch.int32, device="cuda")
+    mapping[E:] = torch.arange(E, dtype=torch.int32, device="cuda")  # rank 1: global experts 4..7
+    ids = torch.where(global_ids < 0, -1, mapping[global_ids.clamp_min(0).long()])  # the dispatcher's mapping
+    assert (ids >= 0).any() and (ids < 0).any()
+    block = next((b for b in (8, 16, 32, 48) if T * top_k / E / b < 0.9), 64)  # fused_marlin_moe's (E: local)
+    sorted_ids, expert_ids, npp = sglang_routing(ids, block, E_global, prefix_count=False)
+    if scattered:  # the same blocks in another order: -1 blocks between the experts' blocks
+        nb = int(npp[0]) // block
+        order = torch.roll(torch.arange(nb, device="cuda"), nb // 2)  # SGLang's -1 blocks (first) to the middle
+        assert nb > 1 and int(expert_ids[order[0]]) >= 0 and (expert_ids[order[1:nb]] == -1).any()
+        sorted_ids[: nb * block] = sorted_ids[: nb * block].view(nb, block)[order].flatten()
+        expert_ids[:nb] = expert_ids[:nb][order]
+    cache13 = torch.full((T * top_k * max(2 * inter, H),), float("nan"), device="cuda", dtype=dtype)
+    routing = (sorted_ids, expert_ids, npp)
+    args = (w13, s13, z13, b13, w2, s2, z2, b2, E, inter, block, routing, cache13)
+    h, rows, out = _layer(standin, x, tw, ids, *args, ep=True)
+    torch.cuda.synchronize()
+    assert standin.calls == [] and adapter._state.get("moe_served") == 2
+    mine = (ids >= 0).view(-1)
+    assert not torch.isnan(h[mine]).any(), "every pair of this rank's experts written"
+    assert torch.isnan(h[~mine]).all(), "nothing written for the other rank's pairs (zero_inactive_output=False)"
+    assert torch.equal(rows[~mine], torch.zeros_like(rows[~mine])), "the other rank's rows zeroed"
+    assert not torch.isnan(rows).any()
+    ref = _reference(x, tw, ids, r13, r2, b13, b2, inter, dtype)
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, err
 
 
 @pytest.mark.parametrize("kind", ["awq", "gptq"])

@@ -6,7 +6,9 @@ process_weights_after_loading runs (SGLang's per-expert repacks reach w4a16's re
 and zero-point conversions are its own), and their apply runs SGLang's Marlin runner function and fused_marlin_moe,
 whose two moe_wna16_marlin_gemm calls must reach w4a16's grouped GEMM (w4a16.moe._grouped, replaced by a recorder
 that writes rows the way the library does: only rows of blocks with an expert of this layer). What reaches it is
-compared bit for bit with w4a16.formats per expert.
+compared bit for bit with w4a16.formats per expert. Expert parallelism: SGLang's compressed-tensors W4A16 Marlin MoE
+(the int4 MoE that passes an expert map, so that fused_marlin_moe calls the GEMM with is_ep=True) runs one rank's
+experts with its dispatcher's local_expert_mapping; is_ep calls must reach w4a16 as the others do.
 
 Stood in for, because they are CUDA-only: SGLang's routing kernel (moe_align_block_size, by a CPU twin of its
 output: the -1 bucket first, each run padded with the pair count, [padded count, inactive blocks]), its SiLU-and-mul
@@ -257,6 +259,7 @@ def _run(sgl, scheme, layer, x, topk_weights, topk_ids, E):
 def test_moe_hooks_installed(sgl, plugin):
     served = [m for m in plugin if "ops now served by w4a16" in m]
     assert len(served) == 1 and OP in served[0], plugin
+    assert "expert-parallel" not in served[0], plugin  # is_ep calls are served
     assert not any("MoE layers stay on SGLang's kernels" in m for m in plugin), plugin
     for name, module in adapter.MOE_TARGETS.items():
         assert any(f"to {module}.{name} (from: plugin=w4a16" in m for m in plugin), (name, plugin)
@@ -460,7 +463,16 @@ PASS_THROUGH = {
         "act-order experts (g_idx / perm)",
     ),
     "k-not-full": (dict(is_k_full=False), "act-order on a row-parallel shard (is_k_full=False)"),
-    "expert-parallel": (dict(is_ep=True), "expert parallelism (is_ep=True)"),
+    # is_ep=True is served (test_expert_parallel_*); it does not lift the other reasons
+    "expert-parallel-act-order": (
+        dict(
+            is_ep=True,
+            g_idx_or_none=torch.zeros(4, 128, dtype=torch.int32),
+            perm_or_none=torch.zeros(4, 128, dtype=torch.int32),
+        ),
+        "act-order experts (g_idx / perm)",
+    ),
+    "expert-parallel-fp4": (dict(is_ep=True, type_name="float4_e2m1f"), "weight type float4_e2m1f"),
     "scales-dtype": (dict(b_scales=torch.ones(4, 2, 128, dtype=torch.bfloat16)), "with scales torch.bfloat16"),
     "fp32-activations": (dict(dtype=torch.float32), "activations torch.float32"),
     "8-bit": (dict(type_name="uint8b128"), "weight type uint8b128"),
@@ -552,3 +564,161 @@ def test_changed_moe_signature_keeps_moe_on_sglang(sgl, change, expect):
     assert len(log) == 2 and "its MoE layers stay on SGLang's kernels" in log[0] and expect in log[0], log
     assert "ops now served by w4a16" in log[1] and OP not in log[1].split(";")[0], log
     assert sorted(added) == sorted(f"{m}.{n}" for n, m in list(adapter.TARGETS.items()) + [adapter.SORT_G_IDX])
+
+
+# ---------------------------------------------------------------------------------------------- expert parallelism
+def _ep_routing(block, E, rows):
+    """Routing of one EP rank as a producer with scattered inactive blocks would write it (SGLang's own routing puts
+    them first; its kernel's is_ep path takes them anywhere): blocks of experts 0, -1, 2, -1, then past the padded
+    count entries that name rows and an expert (must not be read)."""
+    sorted_ids = torch.full((6 * block,), rows, dtype=torch.int32)
+    sorted_ids[0:2] = torch.tensor([0, 3])  # expert 0
+    sorted_ids[block : block + 2] = torch.tensor([1, 4])  # -1: another rank's expert
+    sorted_ids[2 * block] = 2  # expert 2
+    sorted_ids[3 * block] = 5  # -1
+    sorted_ids[4 * block : 4 * block + 2] = torch.tensor([1, 5])  # past the padded count
+    expert_ids = torch.tensor([0, -1, 2, -1, 1, -1], dtype=torch.int32)
+    return sorted_ids, expert_ids, torch.tensor([4 * block], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["keep", "zero_inactive_output"])
+def test_expert_parallel_call_served(sgl, plugin, grouped, zero):
+    """is_ep=True (SGLang 0.5.23: other ranks' experts are -1 blocks, anywhere in the routing; its kernel skips them
+    and writes no row for them, or zeroes those rows with zero_inactive_output) runs on w4a16's grouped GEMM with the
+    routing as it comes; rows of -1 blocks stay as they are or are zeroed, as SGLang's kernel leaves them."""
+    M, top_k, N, block = 3, 2, 128, 16
+    sorted_ids, expert_ids, npp = _ep_routing(block, 4, M * top_k)
+    c = torch.full((M * top_k, N), float("nan"), dtype=torch.float16)
+    p = _call_args(block=block, M=M, top_k=top_k, N=N)
+    p.update(
+        c_or_none=c,
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=npp,
+        is_ep=True,
+        zero_inactive_output=zero,
+    )
+    out = _hooked()(**p)
+    assert out is c and grouped.jit.calls == [], "is_ep=True must not reach SGLang's kernel"
+    (call,) = grouped.calls
+    assert call["expert_ids"] is not None and torch.equal(call["expert_ids"], expert_ids)
+    assert torch.equal(call["sorted_ids"], sorted_ids) and torch.equal(call["npp"], npp)
+    assert call["written"] == [0, 2, 3]
+    assert not torch.isnan(c[[0, 2, 3]]).any()
+    if zero:
+        assert (c[[1, 4, 5]] == 0).all(), "rows of -1 blocks zeroed (zero_inactive_output)"
+    else:
+        assert torch.isnan(c[[1, 4, 5]]).all(), "rows of -1 blocks left as they were"
+
+
+def _ct_config(G):
+    """SGLang's compressed-tensors config of a symmetric int4 group-quantized (W4A16) checkpoint."""
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    weights = dict(num_bits=4, type="int", symmetric=True, group_size=G, strategy="group", dynamic=False)
+    group = dict(targets=["re:.*mlp.experts.*"], weights=dict(weights, actorder=None), input_activations=None)
+    return CompressedTensorsConfig.from_config(
+        dict(quant_method="compressed-tensors", format="pack-quantized", config_groups=dict(group_0=group))
+    )
+
+
+def _local_expert_mapping(E_global, ep_size, rank):
+    """StandardDispatcher.dispatch's local_expert_mapping (token_dispatcher/standard.py, no shared experts): this
+    rank's experts to 0..E_local-1, the others to -1."""
+    E_local = E_global // ep_size
+    mapping = torch.full((E_global,), -1, dtype=torch.int32)
+    mapping[rank * E_local : (rank + 1) * E_local] = torch.arange(E_local, dtype=torch.int32)
+    return mapping
+
+
+@pytest.mark.parametrize(
+    "dtype,ep",
+    [(torch.float16, True), (torch.bfloat16, True), (torch.float16, False)],
+    ids=["fp16-ep", "bf16-ep", "fp16"],
+)
+def test_expert_parallel_layer_on_w4a16(sgl, plugin, grouped, dtype, ep):
+    """SGLang's compressed-tensors W4A16 Marlin MoE (CompressedTensorsWNA16MoE, the int4 MoE that passes an expert
+    map) as one rank of expert parallelism runs it: rank 1 of 2 over 8 experts, its dispatcher's local_expert_mapping,
+    the router's ids mapped by the dispatcher's own function, apply_weights calling fused_marlin_moe with the map, so
+    both GEMMs get is_ep=True and routing over the 8 global experts (other ranks' pairs in -1 blocks). Both must
+    reach w4a16 with this rank's checkpoint tensors; the layer's output must sum this rank's pairs only (the others'
+    rows zeroed by zero_inactive_output). Without a map (ep=False) the same layer is served with is_ep=False."""
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+    from sglang.srt.layers.moe.token_dispatcher.standard import (
+        StandardDispatchOutput,
+        _map_topk_ids_to_local_experts,
+    )
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    E_global, ep_size, rank, H, inter, G, T, top_k = 8, 2, 1, 256, 128, 64, 9, 2
+    E = E_global // ep_size if ep else E_global
+    seed = 11 + (dtype == torch.bfloat16) + 2 * ep
+    qw13, _, s13 = _experts("gptq", E, H, 2 * inter, G, dtype, seed)
+    qw2, _, s2 = _experts("gptq", E, inter, H, G, dtype, seed + 1)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    topk_weights, global_ids = torch.topk(torch.softmax(torch.randn(T, E_global, generator=g), -1), top_k, dim=-1)
+    global_ids = global_ids.to(torch.int32)
+    global_ids[2] = torch.tensor([4, 0])  # one pair on each side of the rank boundary, at least
+    spy = []
+    hooked = getattr(sgl.fused_marlin_moe, OP)
+
+    def is_ep_spy(*args, **kwargs):  # what fused_marlin_moe passes to the (hooked) GEMM
+        spy.append(kwargs.get("is_ep"))
+        return hooked(*args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    try:
+        _fake_gpu(mp)
+        lib = Lib(mp, None)
+        jit = JitMoe(mp, sgl)
+        lib_cpu = _cpu_kernels(mp, sgl)
+        mp.setattr(sgl.fused_marlin_moe, OP, is_ep_spy)
+        layer = torch.nn.Module()
+        layer.moe_tp_size = 1
+        scheme = _ct_config(G).get_moe_scheme(layer, "model.layers.0.mlp.experts")
+        assert type(scheme).__name__ == "CompressedTensorsWNA16MoE"
+        scheme.create_weights(
+            layer=layer, num_experts=E, hidden_size=H, intermediate_size_per_partition=inter, params_dtype=dtype
+        )
+        ckpt = dict(w13_weight_packed=qw13, w13_weight_scale=s13, w2_weight_packed=qw2, w2_weight_scale=s2)
+        for name, t in ckpt.items():
+            getattr(layer, name).data.copy_(t)
+        scheme.process_weights_after_loading(layer)
+        mapping = _local_expert_mapping(E_global, ep_size, rank) if ep else None
+        layer.dispatcher = types.SimpleNamespace(local_expert_mapping=mapping)
+        scheme.moe_runner_config = MoeRunnerConfig(
+            num_experts=E_global, num_local_experts=E, top_k=top_k, params_dtype=dtype
+        )
+        topk_ids = _map_topk_ids_to_local_experts(global_ids, mapping) if ep else global_ids
+        topk = StandardTopKOutput(topk_weights=topk_weights, topk_ids=topk_ids, router_logits=torch.zeros(T, E_global))
+        y = scheme.apply_weights(
+            layer, StandardDispatchOutput(hidden_states=x, hidden_states_scale=None, topk_output=topk)
+        ).hidden_states
+    finally:
+        mp.undo()
+        lib_cpu._destroy()
+
+    assert spy == [ep, ep], spy
+    assert jit.calls == [] and len(grouped.calls) == 2, (len(jit.calls), len(grouped.calls))
+    assert set(lib.names()) == {"repack_gptq"}  # per expert, through the hooks
+    c1, c2 = grouped.calls
+    for c, (qw, s, K, N) in ((c1, (qw13, s13, H, 2 * inter)), (c2, (qw2, s2, inter, H))):
+        ww, ws, _ = _want("gptq", qw, None, s, K, N, G)
+        np.testing.assert_array_equal(c["w"].numpy(), ww)
+        assert _same(c["scales"], ws) and c["zeros"] is None and c["bias"] is None
+    # SGLang's routing of the local ids (-1: another rank's expert) over the global expert count; with a map it asks
+    # for no inactive-prefix count (the sorted hints are off under is_ep)
+    want = align_twin(topk_ids, c1["block"], E_global if ep else E, return_inactive_prefix_count=not ep)
+    for c in (c1, c2):
+        for got, w in zip((c["sorted_ids"], c["expert_ids"], c["npp"]), want):
+            assert torch.equal(got, w)
+    blocks = c1["expert_ids"][: int(c1["npp"][0]) // c1["block"]]
+    mine = [i for i in range(T * top_k) if int(topk_ids.flatten()[i]) >= 0]
+    assert ((blocks >= -1) & (blocks < E)).all()
+    if ep:
+        assert (blocks == -1).any() and len(mine) < T * top_k, "some pairs on the other rank"
+    assert c1["written"] == mine and c2["written"] == mine
+    rows = c2["out"].clone()
+    rows[[i for i in range(T * top_k) if i not in mine]] = 0  # zero_inactive_output
+    assert _same(y, rows.float().view(T, top_k, H).sum(dim=1).to(dtype))

@@ -18,13 +18,31 @@ column order, as SGLang's kernel takes it, put back in natural order). Rows of b
 [0, E) (SGLang's -1 blocks, e.g. padded tokens) are left alone by w4a16's GEMM; where SGLang asks its kernel to zero
 them (zero_inactive_output) the hook zeroes them with a few small torch ops (no host sync, capture-safe).
 SGLang's workspace, use_atomic_add, use_fp32_reduce and the sorted-expert hints are not needed. Passed to SGLang's
-kernel: act-order experts, is_k_full=False, expert parallelism (is_ep: how SGLang's kernel maps experts under its
-expert map was not checked against w4a16's skipping of ids outside [0, E)), fp4 / 8-bit weights, global scales,
-float zero points, scales of another dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs
-w4a16 does not run on, a first call during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created
-while the experts load (an AROUND hook on marlin_moe_permute_scales), so captured decode graphs are served; the
-same hook permutes gate/up scales of expert widths up to G for the order the kernel reads (SGLang, like vLLM, permutes
-them for size_k = the width: engines/vllm.py, "MoE scale order").
+kernel: act-order experts, is_k_full=False, fp4 / 8-bit weights, global scales, float zero points, scales of another
+dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs w4a16 does not run on, a first call
+during CUDA-graph capture, calls w4a16 refuses. w4a16's MoE workspace is created while the experts load (an AROUND hook
+on marlin_moe_permute_scales), so captured decode graphs are served; the same hook permutes gate/up scales of expert
+widths up to G for the order the kernel reads (SGLang, like vLLM, permutes them for size_k = the width:
+engines/vllm.py, "MoE scale order").
+
+Expert parallelism (is_ep=True) is served like any other call. What the flag means in 0.5.23 (paths in the sglang
+package, sglang-kernel 0.4.10): no expert map reaches the GEMM. SGLang's StandardDispatcher maps the router's global
+expert ids to this rank's local ids (0..num_local_experts-1, the index into the stacked experts) and other ranks'
+experts to -1 before the experts run (srt/layers/moe/token_dispatcher/standard.py:94-102, 227-270). fused_marlin_moe
+only tests `expert_map is not None` (srt/layers/moe/fused_moe_triton/fused_marlin_moe.py:257, 274, 333-335,
+398-400); the int4 caller that passes a map is the compressed-tensors WNA16 Marlin MoE
+(srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:463-483), while SGLang's AWQ /
+GPTQ MoE pass none (srt/hardware_backend/gpu/quantization/awq_kernels.py:241, gptq_kernels.py:318), so their EP
+ranks call with is_ep=False and the same local / -1 ids. moe_align_block_size puts the -1 pairs in -1 blocks (its +1
+bucket: srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py:135, kernels/jit/csrc/moe/moe_align_kernel.cu:
+59, 276, 280). In the GEMM, is_ep only turns the sorted-id specialisations off (kernels/ops/moe/moe_wna16_marlin.py:
+171, 173; kernels/jit/csrc/gemm/marlin_moe/moe_wna16_marlin.cuh:925-927; one sm90 launch shape at :512 is non-EP
+only); the kernel takes it as an argument it never reads (marlin_template.h:349; a static_assert at :411). Its
+generic path skips the blocks whose expert id is -1, writes no row for them, and with zero_inactive_output zeroes
+their rows below size_m * top_k (marlin_template.h:94-111, 458-473, 606-623); every other block's id indexes the
+stacked experts. That is what w4a16's grouped GEMM and zero_inactive_rows do for blocks with ids outside [0, E) (-1
+included), sorted or not, so an is_ep call needs nothing added. (Ids below -1 or from E on, which SGLang's routing
+never writes, would be read out of bounds by SGLang's kernel; w4a16 skips them.)
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
@@ -393,8 +411,7 @@ def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
             return "act-order experts (g_idx / perm)"
         if not p["is_k_full"]:
             return "act-order on a row-parallel shard (is_k_full=False)"
-        if p["is_ep"]:
-            return "expert parallelism (is_ep=True)"
+        # is_ep is served: SGLang's kernel skips the -1 blocks (other ranks' experts) as w4a16 does (module docstring)
         qid = getattr(p["b_q_type"], "id", None)
         kind = {uint4_id: "uint4", uint4b8_id: "uint4b8"}.get(qid)
         type_text = f"weight type {getattr(p['b_q_type'], 'name', p['b_q_type'])}"
@@ -568,6 +585,6 @@ def register():
         live["sglang_kernel"],
         w4a16.version(),
         ", ".join(served),
-        "MoE GEMMs, " if moe_why else "act-order / expert-parallel MoE, ",
+        "MoE GEMMs, " if moe_why else "act-order MoE, ",
     )
     return True
