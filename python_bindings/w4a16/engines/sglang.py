@@ -25,24 +25,12 @@ on marlin_moe_permute_scales), so captured decode graphs are served; the same ho
 widths up to G for the order the kernel reads (SGLang, like vLLM, permutes them for size_k = the width:
 engines/vllm.py, "MoE scale order").
 
-Expert parallelism (is_ep=True) is served like any other call. What the flag means in 0.5.23 (paths in the sglang
-package, sglang-kernel 0.4.10): no expert map reaches the GEMM. SGLang's StandardDispatcher maps the router's global
-expert ids to this rank's local ids (0..num_local_experts-1, the index into the stacked experts) and other ranks'
-experts to -1 before the experts run (srt/layers/moe/token_dispatcher/standard.py:94-102, 227-270). fused_marlin_moe
-only tests `expert_map is not None` (srt/layers/moe/fused_moe_triton/fused_marlin_moe.py:257, 274, 333-335,
-398-400); the int4 caller that passes a map is the compressed-tensors WNA16 Marlin MoE
-(srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:463-483), while SGLang's AWQ /
-GPTQ MoE pass none (srt/hardware_backend/gpu/quantization/awq_kernels.py:241, gptq_kernels.py:318), so their EP
-ranks call with is_ep=False and the same local / -1 ids. moe_align_block_size puts the -1 pairs in -1 blocks (its +1
-bucket: srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py:135, kernels/jit/csrc/moe/moe_align_kernel.cu:
-59, 276, 280). In the GEMM, is_ep only turns the sorted-id specialisations off (kernels/ops/moe/moe_wna16_marlin.py:
-171, 173; kernels/jit/csrc/gemm/marlin_moe/moe_wna16_marlin.cuh:925-927; one sm90 launch shape at :512 is non-EP
-only); the kernel takes it as an argument it never reads (marlin_template.h:349; a static_assert at :411). Its
-generic path skips the blocks whose expert id is -1, writes no row for them, and with zero_inactive_output zeroes
-their rows below size_m * top_k (marlin_template.h:94-111, 458-473, 606-623); every other block's id indexes the
-stacked experts. That is what w4a16's grouped GEMM and zero_inactive_rows do for blocks with ids outside [0, E) (-1
-included), sorted or not, so an is_ep call needs nothing added. (Ids below -1 or from E on, which SGLang's routing
-never writes, would be read out of bounds by SGLang's kernel; w4a16 skips them.)
+Expert parallelism (is_ep=True) is served like any other call: in 0.5.23 no expert map reaches the GEMM. SGLang's
+dispatcher maps global expert ids to this rank's local ones and other ranks' experts to -1 before the experts run
+(srt/layers/moe/token_dispatcher/standard.py), moe_align_block_size puts those pairs in -1 blocks, and in the GEMM the
+flag only turns the sorted-id specialisations off: the kernel skips -1 blocks and writes nothing for them (zeroes their
+rows with zero_inactive_output; sgl-kernel's marlin_template.h), which is what w4a16's grouped GEMM and
+zero_inactive_rows do for every block whose id is outside [0, E).
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
