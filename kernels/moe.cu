@@ -105,6 +105,8 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     static constexpr int WK = WARPS / WN;
     static constexpr int BM = 16 * MT, BN = 64 * WN, BK = 16 * WK * KS;
     static constexpr int SLOTS = BK / 32; // scale / zero-point rows a stage can touch (G >= 32)
+    // the activation tile's XOR swizzle (chunk ^ (row & 7)) stays inside a row only with 8 or more 16-byte chunks
+    static_assert(BK % 64 == 0, "k per stage: a multiple of 64");
     static constexpr int A_BYTES = BM * BK * 2;
     static constexpr int SB = BN / 8 + 4; // AWQ: padded words per row, a fragment's 4 row loads hit distinct banks
     static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;

@@ -42,6 +42,7 @@ __device__ __forceinline__ void issue_plan(unsigned char *st, const P *(&src)[PE
 // (the general plan keeps a pointer, k and offset per chunk and checks each).
 template <typename T, int BM, int BK, int THREADS> struct ActTile {
     static constexpr int CH = BK / 8; // 16-byte chunks per row
+    static_assert(CH % 8 == 0, "the XOR swizzle (chunk ^ (row & 7)) stays inside a row of a multiple of 8 chunks");
     static constexpr int BYTES = BM * BK * 2;
     static constexpr int CHUNKS = BM * CH, PER = (CHUNKS + THREADS - 1) / THREADS;
     static constexpr bool UNIFORM = CHUNKS % THREADS == 0 && THREADS % CH == 0 && (THREADS / CH) % 8 == 0 && PER <= 32;
