@@ -10,11 +10,11 @@ compared bit for bit with w4a16.formats per expert. Expert parallelism: SGLang's
 (the int4 MoE that passes an expert map, so that fused_marlin_moe calls the GEMM with is_ep=True) runs one rank's
 experts with its dispatcher's local_expert_mapping; is_ep calls must reach w4a16 as the others do.
 
-Stood in for, because they are CUDA-only: SGLang's routing kernel (moe_align_block_size, by a CPU twin of its
-output: the -1 bucket first, each run padded with the pair count, [padded count, inactive blocks]), its SiLU-and-mul
-and top-k sum kernels, and its MoeRunner object (it reads the server arguments; the test calls the Marlin runner
-function it would call). Pass-through cases run SGLang's own moe_wna16_marlin_gemm down to its JIT module, replaced
-by a recorder."""
+Stood in for, because they are CUDA-only: SGLang's routing kernel (moe_align_block_size, by a CPU twin of its output:
+the -1 bucket first, each run padded with the pair count, [padded count, inactive blocks] where 0.5.23 asks for the
+count), its SiLU-and-mul and top-k sum kernels, and its MoeRunner object (it reads the server arguments; the test calls
+the Marlin runner function it would call). Pass-through cases run SGLang's own moe_wna16_marlin_gemm down to its JIT
+module, replaced by a recorder."""
 
 import importlib
 import logging
@@ -52,6 +52,12 @@ def sgl(request):
 @pytest.fixture(scope="module")
 def plugin(request):
     return request.getfixturevalue("_plugin_fixture")
+
+
+def _zero_inactive_output():
+    """Whether the installed SGLang's MoE GEMM takes zero_inactive_output (0.5.23, whose fused_marlin_moe also routes
+    with the inactive-prefix count and asks its down GEMM to zero inactive rows); 0.5.22 has neither (its record)."""
+    return "zero_inactive_output" in _live()["moe_params"][OP]
 
 
 def _scalar_types():
@@ -160,8 +166,28 @@ def _cpu_kernels(mp, sgl):
     mp.setattr(importlib.import_module("sglang.srt.layers.moe.fused_moe_triton"), "moe_align_block_size", align_twin)
     # SGLang registers fused_marlin_moe as a torch op for CUDA only; its own Python body serves CPU tensors here
     lib = torch.library.Library("sglang", "IMPL")
-    lib.impl("fused_marlin_moe", sgl.fused_marlin_moe.fused_marlin_moe.__wrapped__, "CPU")
+    lib.impl("fused_marlin_moe", _fused_marlin_moe_body(sgl), "CPU")
     return lib
+
+
+def _fused_marlin_moe_body(sgl):
+    """fused_marlin_moe's own Python function. SGLang 0.5.23 exposes the registered op through an eager wrapper
+    (functools.wraps: __wrapped__); 0.5.22 exposes torch.ops.sglang.fused_marlin_moe itself, whose dispatcher entry
+    holds the function: found among the live functions of its module by name."""
+    op = sgl.fused_marlin_moe.fused_marlin_moe
+    if hasattr(op, "__wrapped__"):
+        return op.__wrapped__
+    import gc
+
+    mod = sgl.fused_marlin_moe.__name__
+    found = [
+        o
+        for o in gc.get_objects()
+        # type(), not isinstance(): a dead weakref proxy among the objects raises on isinstance
+        if type(o) is types.FunctionType and o.__module__ == mod and o.__qualname__ == "fused_marlin_moe"
+    ]
+    assert len(found) == 1, found
+    return found[0]
 
 
 @pytest.fixture
@@ -335,7 +361,9 @@ def test_moe_layer_on_w4a16(sgl, plugin, grouped, kind, dtype, G, inter, padded)
             assert c["zeros"] is None
         else:
             np.testing.assert_array_equal(c["zeros"].numpy(), wz)
-    sorted_ids, expert_ids, npp = align_twin(topk_ids, c1["block"], E, return_inactive_prefix_count=True)
+    sorted_ids, expert_ids, npp = align_twin(
+        topk_ids, c1["block"], E, return_inactive_prefix_count=_zero_inactive_output()
+    )
     for c in (c1, c2):
         assert torch.equal(c["sorted_ids"], sorted_ids) and torch.equal(c["expert_ids"], expert_ids)
         assert torch.equal(c["npp"], npp) and c["topk_weights"] is topk_weights and c["block"] == c2["block"]
@@ -353,7 +381,14 @@ def test_moe_layer_on_w4a16(sgl, plugin, grouped, kind, dtype, G, inter, padded)
     rows = c2["out"].clone()
     rows[[i for i in range(T * top_k) if i not in live_pairs]] = 0  # what zero_inactive_output asks for
     want = rows.float().view(T, top_k, H).sum(dim=1).to(dtype)
-    assert _same(y, want)
+    if _zero_inactive_output():
+        assert _same(y, want)
+    else:
+        # SGLang 0.5.22 asks for no zeroing: the padded tokens' rows of its shared cache keep what the gate/up GEMM
+        # left there (its own kernel computes them with expert id -1), so only the real tokens' outputs are defined
+        real = [t for t in range(T) if all(t * top_k + j in live_pairs for j in range(top_k))]
+        assert len(real) == T - 2 * padded
+        assert _same(y[real], want[real])
 
 
 def _call_args(dtype=torch.float16, type_name="uint4b8", block=16, K=128, N=128, E=4, M=3, top_k=2, G=64, **over):
@@ -361,7 +396,7 @@ def _call_args(dtype=torch.float16, type_name="uint4b8", block=16, K=128, N=128,
     g = torch.Generator().manual_seed(1)
     topk_ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)]).to(torch.int32)
     topk_ids[-1] = -1
-    sorted_ids, expert_ids, npp = align_twin(topk_ids, block, E, return_inactive_prefix_count=True)
+    sorted_ids, expert_ids, npp = align_twin(topk_ids, block, E, return_inactive_prefix_count=_zero_inactive_output())
     p = dict(
         a=torch.randn(M, K, generator=g).to(dtype),
         c_or_none=None,
@@ -422,7 +457,16 @@ def test_inactive_rows(sgl, plugin, grouped, zero):
     # pair 1 in no block at all (routed by a producer that dropped it): its row must stay NaN
     keep = p["sorted_token_ids"].clone()
     keep[keep == 1] = M * top_k
-    p.update(c_or_none=c, sorted_token_ids=keep, zero_inactive_output=zero)
+    p.update(c_or_none=c, sorted_token_ids=keep)
+    if zero and not _zero_inactive_output():
+        # SGLang 0.5.22: no such parameter; the hook binds the call by SGLang's own signature and refuses it as
+        # SGLang's function does, before anything runs
+        with pytest.raises(TypeError, match="zero_inactive_output"):
+            _hooked()(**p, zero_inactive_output=True)
+        assert grouped.calls == [] and grouped.jit.calls == []
+        return
+    if zero:
+        p.update(zero_inactive_output=True)
     out = _hooked()(**p)
     assert out is c
     (call,) = grouped.calls
@@ -435,6 +479,46 @@ def test_inactive_rows(sgl, plugin, grouped, zero):
     else:
         assert torch.isnan(c[inactive]).all()
     assert not torch.isnan(c[call["written"]]).any() and (c[0] != 0).any()
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["keep", "zero_inactive_output"])
+@pytest.mark.parametrize("release", sorted(adapter.KNOWN))
+def test_hook_under_each_recorded_signature(sgl, grouped, release, zero):
+    """The MoE hook bound to each recorded release's moe_wna16_marlin_gemm (a stand-in with that parameter list, as
+    tests/test_sglang_moe_standin_gpu.py makes them), whichever SGLang is installed: served with the routing as it
+    comes; zero_inactive_output read where the signature has it (0.5.23) and refused as SGLang's function refuses it
+    where it has not (0.5.22, whose fused_marlin_moe zeroes its caches itself)."""
+    params = adapter.KNOWN[release]["moe_params"][OP]
+    has_zero = "zero_inactive_output" in params
+    seen = []
+    scope = {"_seen": seen.append}
+    exec(f"def {OP}({params}):\n    _seen(locals())\n", scope)
+    standin = scope[OP]
+    st = _scalar_types()
+    hook = adapter.make_moe_hooks(st.uint4.id, st.uint4b8.id, standin, device_ok=lambda device: True)[OP]
+    M, top_k, N = 3, 2, 128
+    c = torch.full((M * top_k, N), float("nan"), dtype=torch.float16)
+    p = _call_args(M=M, top_k=top_k, N=N)
+    p.update(c_or_none=c)
+    if zero and not has_zero:
+        with pytest.raises(TypeError, match="zero_inactive_output"):
+            hook(standin, **p, zero_inactive_output=True)
+        assert grouped.calls == [] and seen == []
+        return
+    if zero:
+        p.update(zero_inactive_output=True)
+    out = hook(standin, **p)
+    assert out is c and seen == [], "served by w4a16, not the stand-in of SGLang's function"
+    (call,) = grouped.calls
+    assert call["written"] == [0, 1, 2, 3] and not torch.isnan(c[:4]).any()
+    if zero:
+        assert (c[4:] == 0).all(), "the last token's pairs (-1 blocks) zeroed"
+    else:
+        assert torch.isnan(c[4:]).all(), "the last token's pairs (-1 blocks) left as they were"
+    # a call SGLang's function would refuse reaches it (pass-through keeps the caller's arguments as they came)
+    p.update(is_k_full=False)
+    hook(standin, **p)
+    assert len(seen) == 1 and seen[0]["is_k_full"] is False and seen[0]["c_or_none"] is c
 
 
 def test_zero_inactive_rows_reads_only_the_runs():
@@ -596,8 +680,14 @@ def test_expert_parallel_call_served(sgl, plugin, grouped, zero):
         expert_ids=expert_ids,
         num_tokens_post_padded=npp,
         is_ep=True,
-        zero_inactive_output=zero,
     )
+    if zero and not _zero_inactive_output():  # SGLang 0.5.22: no such parameter (test_inactive_rows)
+        with pytest.raises(TypeError, match="zero_inactive_output"):
+            _hooked()(**p, zero_inactive_output=True)
+        assert grouped.calls == [] and grouped.jit.calls == []
+        return
+    if zero:
+        p.update(zero_inactive_output=True)
     out = _hooked()(**p)
     assert out is c and grouped.jit.calls == [], "is_ep=True must not reach SGLang's kernel"
     (call,) = grouped.calls
@@ -644,11 +734,12 @@ def test_expert_parallel_layer_on_w4a16(sgl, plugin, grouped, dtype, ep):
     reach w4a16 with this rank's checkpoint tensors; the layer's output must sum this rank's pairs only (the others'
     rows zeroed by zero_inactive_output). Without a map (ep=False) the same layer is served with is_ep=False."""
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
-    from sglang.srt.layers.moe.token_dispatcher.standard import (
-        StandardDispatchOutput,
-        _map_topk_ids_to_local_experts,
-    )
+    from sglang.srt.layers.moe.token_dispatcher import standard
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    # the dispatcher's own mapping function (0.5.23); 0.5.22 indexes the mapping inline (the same for ids >= 0)
+    map_ids = getattr(standard, "_map_topk_ids_to_local_experts", lambda ids, mapping: mapping[ids])
 
     E_global, ep_size, rank, H, inter, G, T, top_k = 8, 2, 1, 256, 128, 64, 9, 2
     E = E_global // ep_size if ep else E_global
@@ -690,7 +781,7 @@ def test_expert_parallel_layer_on_w4a16(sgl, plugin, grouped, dtype, ep):
         scheme.moe_runner_config = MoeRunnerConfig(
             num_experts=E_global, num_local_experts=E, top_k=top_k, params_dtype=dtype
         )
-        topk_ids = _map_topk_ids_to_local_experts(global_ids, mapping) if ep else global_ids
+        topk_ids = map_ids(global_ids, mapping) if ep else global_ids
         topk = StandardTopKOutput(topk_weights=topk_weights, topk_ids=topk_ids, router_logits=torch.zeros(T, E_global))
         y = scheme.apply_weights(
             layer, StandardDispatchOutput(hidden_states=x, hidden_states_scale=None, topk_output=topk)
@@ -708,8 +799,9 @@ def test_expert_parallel_layer_on_w4a16(sgl, plugin, grouped, dtype, ep):
         np.testing.assert_array_equal(c["w"].numpy(), ww)
         assert _same(c["scales"], ws) and c["zeros"] is None and c["bias"] is None
     # SGLang's routing of the local ids (-1: another rank's expert) over the global expert count; with a map it asks
-    # for no inactive-prefix count (the sorted hints are off under is_ep)
-    want = align_twin(topk_ids, c1["block"], E_global if ep else E, return_inactive_prefix_count=not ep)
+    # for no inactive-prefix count (the sorted hints are off under is_ep; 0.5.22 never asks for one)
+    prefix = not ep and _zero_inactive_output()
+    want = align_twin(topk_ids, c1["block"], E_global if ep else E, return_inactive_prefix_count=prefix)
     for c in (c1, c2):
         for got, w in zip((c["sorted_ids"], c["expert_ids"], c["npp"]), want):
             assert torch.equal(got, w)
@@ -720,5 +812,5 @@ def test_expert_parallel_layer_on_w4a16(sgl, plugin, grouped, dtype, ep):
         assert (blocks == -1).any() and len(mine) < T * top_k, "some pairs on the other rank"
     assert c1["written"] == mine and c2["written"] == mine
     rows = c2["out"].clone()
-    rows[[i for i in range(T * top_k) if i not in mine]] = 0  # zero_inactive_output
+    rows[[i for i in range(T * top_k) if i not in mine]] = 0  # zero_inactive_output (0.5.22: the cache's zero_())
     assert _same(y, rows.float().view(T, top_k, H).sum(dim=1).to(dtype))

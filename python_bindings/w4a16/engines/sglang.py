@@ -1,11 +1,11 @@
 """SGLang integration: a `sglang.srt.plugins` entry point (`w4a16.engines.sglang:register`) that routes the int4
 Marlin ops of SGLang's AWQ-Marlin and GPTQ-Marlin linear and MoE layers to w4a16.
 
-SGLang (0.5.23) calls these ops as Python functions of `sglang.kernels.ops` (JIT-built CUDA kernels), imported into
-the layer modules with `from ... import name`, not through `torch.ops.sgl_kernel`; so they are replaced where SGLang
-lets a plugin replace a function: AROUND hooks in SGLang's own HookRegistry, which rebind the defining module and every
-`from ... import` copy when SGLang applies the hooks after loading its plugins. Each hook gets SGLang's function and
-passes to it whatever w4a16 does not do: 8-bit weights, fp8 / fp4 Marlin (global scales), float zero points,
+SGLang (0.5.22, 0.5.23) calls these ops as Python functions of `sglang.kernels.ops` (JIT-built CUDA kernels), imported
+into the layer modules with `from ... import name`, not through `torch.ops.sgl_kernel`; so they are replaced where
+SGLang lets a plugin replace a function: AROUND hooks in SGLang's own HookRegistry, which rebind the defining module and
+every `from ... import` copy when SGLang applies the hooks after loading its plugins. Each hook gets SGLang's function
+and passes to it whatever w4a16 does not do: 8-bit weights, fp8 / fp4 Marlin (global scales), float zero points,
 act-order on a row-parallel shard (is_k_full=False) or with groups that are not whole, shapes w4a16 rejects. Marlin
 weights are bit for bit the same from either repack, so every layer can take either GEMM, call by call.
 SGLang adds the bias after the GEMM itself (in natural column order), so the GEMM gets none.
@@ -16,7 +16,10 @@ hooks above; an AROUND hook on it runs w4a16's grouped GEMM with SGLang's routin
 sorted ids, expert ids, padded count), c_or_none, mul_topk_weights and the bias as they come (the bias in Marlin's
 column order, as SGLang's kernel takes it, put back in natural order). Rows of blocks whose expert id is outside
 [0, E) (SGLang's -1 blocks, e.g. padded tokens) are left alone by w4a16's GEMM; where SGLang asks its kernel to zero
-them (zero_inactive_output) the hook zeroes them with a few small torch ops (no host sync, capture-safe).
+them (zero_inactive_output, 0.5.23) the hook zeroes them with a few small torch ops (no host sync, capture-safe).
+SGLang 0.5.22's function lacks zero_inactive_output, expert_ids_are_sorted and has_inactive_prefix_count (its
+fused_marlin_moe zeroes its shared cache itself: allocated with torch.zeros, and zero_() before the down GEMM under
+expert parallelism) and allocates a missing c_or_none with torch.empty where w4a16 zeroes it.
 SGLang's workspace, use_atomic_add, use_fp32_reduce and the sorted-expert hints are not needed. Passed to SGLang's
 kernel: act-order experts, is_k_full=False, fp4 / 8-bit weights, global scales, float zero points, scales of another
 dtype, block sizes other than 8..64 in steps of 8, N % 64 or K % 64 != 0, GPUs w4a16 does not run on, a first call
@@ -25,12 +28,15 @@ on marlin_moe_permute_scales), so captured decode graphs are served; the same ho
 widths up to G for the order the kernel reads (SGLang, like vLLM, permutes them for size_k = the width:
 engines/vllm.py, "MoE scale order").
 
-Expert parallelism (is_ep=True) is served like any other call: in 0.5.23 no expert map reaches the GEMM. SGLang's
-dispatcher maps global expert ids to this rank's local ones and other ranks' experts to -1 before the experts run
-(srt/layers/moe/token_dispatcher/standard.py), moe_align_block_size puts those pairs in -1 blocks, and in the GEMM the
-flag only turns the sorted-id specialisations off: the kernel skips -1 blocks and writes nothing for them (zeroes their
-rows with zero_inactive_output; sgl-kernel's marlin_template.h), which is what w4a16's grouped GEMM and
-zero_inactive_rows do for every block whose id is outside [0, E).
+Expert parallelism (is_ep=True) is served like any other call: in 0.5.22 and 0.5.23 no expert map reaches the GEMM.
+SGLang's dispatcher maps global expert ids to this rank's local ones and other ranks' experts to -1 before the experts
+run (srt/layers/moe/token_dispatcher/standard.py), moe_align_block_size puts those pairs in -1 blocks, and in the GEMM
+the flag only turns the sorted-id specialisations off: the kernel skips -1 blocks and writes nothing for them (zeroes
+their rows with zero_inactive_output; sgl-kernel's marlin_template.h), which is what w4a16's grouped GEMM and
+zero_inactive_rows do for every block whose id is outside [0, E). In 0.5.22 the flag is also what makes its kernel skip
+-1 blocks: with is_ep=False it computes a -1 block with expert id -1 (out of bounds; such blocks hold CUDA-graph padding
+tokens in layers without expert parallelism), where w4a16 skips it and leaves those rows as they are. So is_ep=True is
+served the same on both releases, and is_ep=False differs only in rows that 0.5.22 leaves undefined.
 
 Only releases whose function signatures were read from the real package are touched (`KNOWN`, recorded with the
 package versions in tests/engines/schemas/); any other SGLang, or a changed signature, gets one log line and is left
@@ -67,23 +73,38 @@ _GEMM_PARAMS = (
     "a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, "
     "size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False"
 )
-_MOE_PARAMS = (
+_MOE_PARAMS_0522 = (
     "a, c_or_none, b_q_weight, b_bias_or_none, b_scales, global_scale_or_none, b_zeros_or_none, g_idx_or_none, "
     "perm_or_none, workspace, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_weights, moe_block_size, "
     "top_k, mul_topk_weights, is_ep, b_q_type, size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, "
-    "use_fp32_reduce=False, is_zp_float=False, expert_ids_are_sorted=False, zero_inactive_output=False, "
-    "has_inactive_prefix_count=False"
+    "use_fp32_reduce=False, is_zp_float=False"
 )
+# 0.5.23 added three keyword parameters at the end (the hook reads zero_inactive_output where it is present)
+_MOE_PARAMS = _MOE_PARAMS_0522 + (
+    ", expert_ids_are_sorted=False, zero_inactive_output=False, has_inactive_prefix_count=False"
+)
+_LINEAR_PARAMS = {
+    "gptq_marlin_gemm": _GEMM_PARAMS,
+    "awq_marlin_repack": "b_q_weight, size_k, size_n, num_bits",
+    "gptq_marlin_repack": "b_q_weight, perm, size_k, size_n, num_bits",
+    "marlin_sort_g_idx": "g_idx",
+}
+_SCALAR_TYPE_IDS = {"uint4": 1125899906843648, "uint4b8": 1125899907892224}
 KNOWN = {
+    "0.5.22": {
+        "sglang_kernel": "0.4.9",
+        "params": _LINEAR_PARAMS,
+        "scalar_type_ids": _SCALAR_TYPE_IDS,
+        "sgl_kernel_marlin_ops": {},  # sglang-kernel 0.4.9 registers no Marlin op in torch.ops.sgl_kernel
+        "moe_params": {
+            "moe_wna16_marlin_gemm": _MOE_PARAMS_0522,
+            "marlin_moe_permute_scales": "s, size_k, size_n, group_size",
+        },
+    },
     "0.5.23": {
         "sglang_kernel": "0.4.10",
-        "params": {
-            "gptq_marlin_gemm": _GEMM_PARAMS,
-            "awq_marlin_repack": "b_q_weight, size_k, size_n, num_bits",
-            "gptq_marlin_repack": "b_q_weight, perm, size_k, size_n, num_bits",
-            "marlin_sort_g_idx": "g_idx",
-        },
-        "scalar_type_ids": {"uint4": 1125899906843648, "uint4b8": 1125899907892224},
+        "params": _LINEAR_PARAMS,
+        "scalar_type_ids": _SCALAR_TYPE_IDS,
         "sgl_kernel_marlin_ops": {},  # sglang-kernel 0.4.10 registers no Marlin op in torch.ops.sgl_kernel
         "moe_params": {
             "moe_wna16_marlin_gemm": _MOE_PARAMS,
@@ -463,8 +484,10 @@ def make_moe_hooks(uint4_id, uint4b8_id, moe_gemm, device_ok=None):
             if e.status not in _common.REFUSALS:
                 raise  # a device fault: SGLang's kernel would run on a broken context and hide it
             return pass_through(f"w4a16 refused it ({e})", original, args, kwargs)
-        # c_or_none None: w4a16 allocated c zeroed, as SGLang does; a caller's c keeps its inactive rows unless asked
-        if c is not None and p["zero_inactive_output"]:
+        # c_or_none None: w4a16 allocated c zeroed (SGLang 0.5.23 zeroes it too; 0.5.22 leaves it uninitialised);
+        # a caller's c keeps its inactive rows unless asked. SGLang 0.5.22's function has no zero_inactive_output
+        # (its fused_marlin_moe zeroes the caches itself; its kernel never zeroes rows): False there.
+        if c is not None and p.get("zero_inactive_output", False):
             zero_inactive_rows(out, sorted_ids, expert_ids, npp, block, p["b_q_weight"].shape[0])
         _state["moe_served"] = _state.get("moe_served", 0) + 1
         return out
