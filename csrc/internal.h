@@ -133,6 +133,9 @@ W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, i
  * every block computes one whole tile). */
 W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int straddle, int *sk_blocks,
                                       int *sk_tiles);
+/* Pipeline depth of a MoE GEMM tile (W4A16_MOE_TILE_*) on a device's profile (csrc/moe.c): 4 stages on Hopper-class
+ * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two. */
+W4A16_HIDDEN int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

@@ -180,6 +180,18 @@ static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launc
     if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6) a->tile = W4A16_MOE_TILE_16x128;
 }
 
+int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
+    const int base = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
+    /* The 64-row tile (4 warps) with 3 stages of 64 k takes 53-56 KB: one block per 100 KB SM, so 4 warps to hide
+     * every latency. With 2 stages (35-37 KB) two blocks fit: 0.67-0.75x the time at T >= 1024 under the sm120
+     * profile (docs/PERFORMANCE.md "MoE m5"). */
+    if (tile == W4A16_MOE_TILE_64 &&
+        st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, base) + st->smem_reserved) < 2 &&
+        st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, 2) + st->smem_reserved) >= 2)
+        return 2;
+    return base;
+}
+
 /* The launch sizes of a MoE GEMM (no tensors): tile, stages, carveout, K splits. blocks_per_sm: the resident blocks
  * the kernel that runs is counted with (the K split is sized with the splitting kernel's); occupancy: those the
  * device gives it. */
@@ -201,23 +213,14 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     a->dtype = dtype;
     a->layout = layout;
     a->carveout = st->carveout; /* a forced profile's smaller SM, emulated as the dense kernels emulate it */
-    /* pipeline depth by the profile: 4 stages where the profile's GPU has Hopper-class shared memory, 3 on the
-     * 100 KB parts (sm_86/89/120/121 profiles) */
-    a->stages = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
     a->tile = block_size <= 16 ? W4A16_MOE_TILE_16x64 : block_size <= 32 ? W4A16_MOE_TILE_32 : W4A16_MOE_TILE_64;
+    a->stages = w4a16_moe_stages(st, a->tile, layout); /* the same for the three 16-row tiles moe_tile16 picks from */
     if ((size_t)w4a16_moe_smem_bytes(a->tile, layout, a->stages) > st->smem_optin)
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
                           "%s: block_size=%d needs %d bytes of shared memory; device %d "
                           "allows %zu",
                           op, block_size, w4a16_moe_smem_bytes(a->tile, layout, a->stages), device, st->smem_optin);
     if (block_size <= 16) moe_tile16(st, device, a);
-    /* The 64-row tile (4 warps) with 3 stages of 64 k takes 53-56 KB: one block per 100 KB SM, so 4 warps to hide
-     * every latency. With 2 stages (35-37 KB) two blocks fit: 0.67-0.75x the time at T >= 1024 under the sm120
-     * profile (docs/PERFORMANCE.md "MoE m5"). */
-    if (a->tile == W4A16_MOE_TILE_64 &&
-        st->smem_per_sm / (w4a16_moe_smem_bytes(a->tile, layout, a->stages) + st->smem_reserved) < 2 &&
-        st->smem_per_sm / (w4a16_moe_smem_bytes(a->tile, layout, 2) + st->smem_reserved) >= 2)
-        a->stages = 2;
     /* AWQ's 16-row tiles run channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): their weight
      * rows are 32- to 128-byte pieces, which a 128-byte fetch serves to the neighbouring tiles only while they run
      * together. The Marlin layout's pieces are 512 bytes and more: there the channel-fast order measured 0.97-1.09x the

@@ -122,7 +122,7 @@ template <int LAYOUT, int MT, int WN, int KS> struct Tile {
     // WK = 1: the output tile staged in T for the epilogue's copy, rows padded by 8 (16 bytes) so that a fragment's
     // 8 rows hit distinct banks
     static constexpr int SROW = BN + 8, OUT = WK == 1 ? BM * SROW * 2 : 0;
-    static int smem(int stages) {
+    static constexpr int smem(int stages) {
         const int m = stages * STAGE > RED ? stages * STAGE : RED;
         return m > OUT ? m : OUT;
     }
@@ -703,20 +703,18 @@ template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launc
     }
 }
 
-template <int LAYOUT> int smem_tile(int tile, int stages) {
-    switch (tile) {
-    case W4A16_MOE_TILE_16x64:
-        return TileOf<LAYOUT, W4A16_MOE_TILE_16x64>::smem(stages);
-    case W4A16_MOE_TILE_16x128:
-        return TileOf<LAYOUT, W4A16_MOE_TILE_16x128>::smem(stages);
-    case W4A16_MOE_TILE_16x256:
-        return TileOf<LAYOUT, W4A16_MOE_TILE_16x256>::smem(stages);
-    case W4A16_MOE_TILE_32:
-        return TileOf<LAYOUT, W4A16_MOE_TILE_32>::smem(stages);
-    default:
-        return TileOf<LAYOUT, W4A16_MOE_TILE_64>::smem(stages);
-    }
+// the host's formula (moe_launch.h) is the kernels' shared memory, for every tile and layout at every depth planned
+template <int TILE> constexpr bool smem_formula_holds() {
+    for (int s = 2; s <= 4; s++)
+        if (TileOf<W4A16_LAYOUT_AWQ, TILE>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s) ||
+            TileOf<W4A16_LAYOUT_MARLIN, TILE>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s))
+            return false;
+    return true;
 }
+static_assert(smem_formula_holds<W4A16_MOE_TILE_16x64>() && smem_formula_holds<W4A16_MOE_TILE_16x128>() &&
+                  smem_formula_holds<W4A16_MOE_TILE_16x256>() && smem_formula_holds<W4A16_MOE_TILE_32>() &&
+                  smem_formula_holds<W4A16_MOE_TILE_64>(),
+              "moe_launch.h w4a16_moe_smem_bytes differs from the tiles' shared memory");
 
 } // namespace moe
 } // namespace w4a16
@@ -732,12 +730,6 @@ extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, 
     c.stream = static_cast<cudaStream_t>(stream);
     return cudaLaunchKernelEx(&c, w4a16::moe::align_kernel, topk_ids, num_entries, num_experts, block_size, sorted_ids,
                               sorted_capacity, expert_ids, blocks_capacity, num_post_padded);
-}
-
-extern "C" int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
-    using namespace w4a16::moe;
-    return layout == W4A16_LAYOUT_AWQ ? smem_tile<W4A16_LAYOUT_AWQ>(tile, stages)
-                                      : smem_tile<W4A16_LAYOUT_MARLIN>(tile, stages);
 }
 
 extern "C" int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {

@@ -40,8 +40,6 @@ typedef struct w4a16_moe_launch {
 /* Launches the grouped GEMM; its kernel must have been prepared on this device (w4a16_moe_prepare) for the launch's
  * tile, layout, dtype, split, stages and carveout. */
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
-/* Dynamic shared memory of the MoE GEMM for a tile, a layout and a pipeline depth. */
-int w4a16_moe_smem_bytes(int tile, int layout, int stages);
 /* Sets the dynamic shared memory and carveout attributes of the launch's kernel (the K-splitting one where `split`,
  * tile W4A16_MOE_TILE_16x64) on the current device, as its launch needs them, and gives the resident blocks per SM
  * the device allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached). */
@@ -57,6 +55,31 @@ enum {
 };
 static inline int w4a16_moe_tile_rows(int tile) { return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == 3 ? 32 : 64; }
 static inline int w4a16_moe_tile_bn(int tile) { return tile == 0 ? 64 : tile == 1 || tile == 3 ? 128 : 256; }
+
+#ifdef __cplusplus
+#define W4A16_MOE_CONSTEXPR_ constexpr
+#else
+#define W4A16_MOE_CONSTEXPR_
+#endif
+/* Dynamic shared memory of the MoE GEMM for a tile, a layout (W4A16_LAYOUT_AWQ = 0, Marlin = 1) and a pipeline depth,
+ * in plain C so that the host's plans (and the CPU tests) size it; kernels/moe.cu checks it against its Tile at compile
+ * time. A tile is <MT, WN, KS> (moe.cu's Cfg) with 4 warps: WK = 4 / WN, BM = 16 MT, BN = 64 WN, BK = 16 WK KS; a stage
+ * holds the gathered activations, the packed weights (AWQ rows padded by 4 words), and BK / 32 scale and zero-point
+ * rows; the K-split warps reduce through the buffers (WK > 1), the unsplit tiles stage their output tile (rows padded
+ * by 8). */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
+    const int mt = tile == W4A16_MOE_TILE_32 ? 2 : tile == W4A16_MOE_TILE_64 ? 4 : 1;
+    const int wn = tile == W4A16_MOE_TILE_16x64                                 ? 1
+                   : tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4
+                                                                                : 2;
+    const int ks = tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4 : 2;
+    const int wk = 4 / wn, bm = 16 * mt, bn = 64 * wn, bk = 16 * wk * ks, slots = bk / 32;
+    const int b = layout == 0 ? bk * (bn / 8 + 4) * 4 : (bk / 16) * 2 * bn * 4;
+    const int stage = bm * bk * 2 + b + slots * bn * 2 + slots * (bn / 8) * 4;
+    const int red = wk > 1 ? 4 * mt * 8 * 32 * 16 : 0, out = wk == 1 ? bm * (bn + 8) * 2 : 0;
+    const int m = stages * stage > red ? stages * stage : red;
+    return m > out ? m : out;
+}
 /* Block slots per SM the split-K workspace is sized for, the fp32 sums of one 16 x 64 tile, the k of its stage. */
 enum { W4A16_MOE_SPLIT_SLOTS_PER_SM = 8, W4A16_MOE_SPLIT_TILE_BYTES = 16 * 64 * 4, W4A16_MOE_SPLIT_BK = 128 };
 

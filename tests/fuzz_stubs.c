@@ -155,12 +155,6 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
     (void)a;
     abort();
 }
-int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
-    (void)tile;
-    (void)layout;
-    (void)stages;
-    abort();
-}
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *b) {
     (void)a;
     (void)split;

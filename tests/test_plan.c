@@ -6,9 +6,10 @@
  *  - invariants over the benchmark's shapes on the H100, an RTX 5090, an RTX PRO 6000, a GB10, an A100 and the
  *    emulated sm120 on an H100: the grid covers M and N, the splits cover K, never more blocks than the workspace
  *    has slots, the config's shared memory fits the device;
- *  - a few plans checked by hand;
+ *  - a few plans checked by hand, and the MoE tiles' shared memory and pipeline depth per device;
  *  - a profile forced on one thread while another plans: every plan is wholly one profile's (csrc/device.c's views). */
 #include "../csrc/internal.h"
+#include "../kernels/moe_launch.h"
 #include "plan_grid.h"
 #include <pthread.h>
 #include <setjmp.h>
@@ -475,11 +476,60 @@ static void test_hand_checked_stream_k(void **state) {
     }
 }
 
+/* By hand (kernels/moe.cu's tiles; the sizes are what the GPU tests' plans print): the MoE tiles' shared memory, and
+ * the pipeline depth each device's profile gives them. The 64-row tile (64 x 256, 64 k per stage: 8192 bytes of
+ * activations, 8192 of Marlin weights or 9216 of AWQ ones, 1024 + 256 of scale / zero rows) takes 52992 / 56064 bytes
+ * with 3 stages: one block per 100 KB SM (102400 / (56064 + 1024) = 1), two with 2 stages (35328 / 37376 bytes), so
+ * the 100 KB profiles run it with 2; the 164 KB A100 holds three at 3 stages, the H100 three at 4. The 16- and 32-row
+ * tiles keep the profile's depth. */
+static void test_moe_stages(void **state) {
+    (void)state;
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, W4A16_LAYOUT_MARLIN, 3), 52992);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, W4A16_LAYOUT_AWQ, 3), 56064);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, W4A16_LAYOUT_MARLIN, 2), 35328);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, W4A16_LAYOUT_AWQ, 2), 37376);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_16x64, W4A16_LAYOUT_MARLIN, 3), 26496);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, W4A16_LAYOUT_MARLIN, 3), 32768); /* the warps' reduction */
+    const struct {
+        plan_device d;
+        const char *forced;
+        int s64, s_other; /* stages of the 64-row tile, of the 16- and 32-row ones */
+    } c[] = {
+        {{"RTX 5090", "sm120", 170, 101376, 0}, NULL, 2, 3},
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0}, NULL, 2, 3},
+        {{"GB10", "sm121", 48, 101376, 0}, NULL, 2, 3},
+        {{"RTX 4090", "sm89", 128, 101376, 0}, NULL, 2, 3},
+        {{"H100 as sm120", "sm90", 132, 232448, 1}, "sm120", 2, 3},
+        {{"A100", "sm80", 108, 166912, 0}, NULL, 3, 3},
+        {{"H100", "sm90", 132, 232448, 1}, NULL, 4, 4},
+        {{"B200", "sm100", 148, 232448, 0}, NULL, 4, 4},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        w4a16_device_state st = device_state(&c[i].d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        for (int layout = 0; layout < 2; layout++) {
+            for (int tile = 0; tile < W4A16_MOE_TILES; tile++) {
+                const int stages = w4a16_moe_stages(&st, tile, layout);
+                const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
+                assert_int_equal(stages, tile == W4A16_MOE_TILE_64 ? c[i].s64 : c[i].s_other);
+                assert_true((size_t)smem <= st.smem_optin);
+                /* the 4-warp 64-row tile keeps two blocks per SM wherever its depth allows */
+                if (tile == W4A16_MOE_TILE_64) assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 2);
+            }
+        }
+        print_message("  %-13s MoE stages: 64-row tile %d, others %d\n", c[i].d.name, c[i].s64, c[i].s_other);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_recorded_decisions),    cmocka_unit_test(test_forced_profile_emulates_its_sm),
-        cmocka_unit_test(test_plan_invariants),       cmocka_unit_test(test_hand_checked),
-        cmocka_unit_test(test_hand_checked_stream_k), cmocka_unit_test(test_forced_profile_while_planning),
+        cmocka_unit_test(test_recorded_decisions),
+        cmocka_unit_test(test_forced_profile_emulates_its_sm),
+        cmocka_unit_test(test_plan_invariants),
+        cmocka_unit_test(test_hand_checked),
+        cmocka_unit_test(test_hand_checked_stream_k),
+        cmocka_unit_test(test_forced_profile_while_planning),
+        cmocka_unit_test(test_moe_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
