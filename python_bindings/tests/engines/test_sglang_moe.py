@@ -60,6 +60,20 @@ def _zero_inactive_output():
     return "zero_inactive_output" in _live()["moe_params"][OP]
 
 
+def _call_zeroing(hooked, p, zero, has_zero, nothing_ran):
+    """hooked(**p), with zero_inactive_output=True added to p when `zero`. Where the signature has no such parameter
+    (SGLang 0.5.22) the hook binds the call by SGLang's own signature and refuses it as SGLang's function does, before
+    anything runs: checked here. Returns (refused, the hook's output)."""
+    if zero and not has_zero:
+        with pytest.raises(TypeError, match="zero_inactive_output"):
+            hooked(**p, zero_inactive_output=True)
+        assert nothing_ran()
+        return True, None
+    if zero:
+        p.update(zero_inactive_output=True)
+    return False, hooked(**p)
+
+
 def _scalar_types():
     from sglang.srt.layers.quantization.utils import get_scalar_types
 
@@ -458,16 +472,11 @@ def test_inactive_rows(sgl, plugin, grouped, zero):
     keep = p["sorted_token_ids"].clone()
     keep[keep == 1] = M * top_k
     p.update(c_or_none=c, sorted_token_ids=keep)
-    if zero and not _zero_inactive_output():
-        # SGLang 0.5.22: no such parameter; the hook binds the call by SGLang's own signature and refuses it as
-        # SGLang's function does, before anything runs
-        with pytest.raises(TypeError, match="zero_inactive_output"):
-            _hooked()(**p, zero_inactive_output=True)
-        assert grouped.calls == [] and grouped.jit.calls == []
+    refused, out = _call_zeroing(
+        _hooked(), p, zero, _zero_inactive_output(), lambda: grouped.calls == [] and grouped.jit.calls == []
+    )
+    if refused:
         return
-    if zero:
-        p.update(zero_inactive_output=True)
-    out = _hooked()(**p)
     assert out is c
     (call,) = grouped.calls
     assert grouped.jit.calls == []
@@ -500,14 +509,11 @@ def test_hook_under_each_recorded_signature(sgl, grouped, release, zero):
     c = torch.full((M * top_k, N), float("nan"), dtype=torch.float16)
     p = _call_args(M=M, top_k=top_k, N=N)
     p.update(c_or_none=c)
-    if zero and not has_zero:
-        with pytest.raises(TypeError, match="zero_inactive_output"):
-            hook(standin, **p, zero_inactive_output=True)
-        assert grouped.calls == [] and seen == []
+    refused, out = _call_zeroing(
+        lambda **kw: hook(standin, **kw), p, zero, has_zero, lambda: grouped.calls == [] and seen == []
+    )
+    if refused:
         return
-    if zero:
-        p.update(zero_inactive_output=True)
-    out = hook(standin, **p)
     assert out is c and seen == [], "served by w4a16, not the stand-in of SGLang's function"
     (call,) = grouped.calls
     assert call["written"] == [0, 1, 2, 3] and not torch.isnan(c[:4]).any()
@@ -681,14 +687,11 @@ def test_expert_parallel_call_served(sgl, plugin, grouped, zero):
         num_tokens_post_padded=npp,
         is_ep=True,
     )
-    if zero and not _zero_inactive_output():  # SGLang 0.5.22: no such parameter (test_inactive_rows)
-        with pytest.raises(TypeError, match="zero_inactive_output"):
-            _hooked()(**p, zero_inactive_output=True)
-        assert grouped.calls == [] and grouped.jit.calls == []
+    refused, out = _call_zeroing(
+        _hooked(), p, zero, _zero_inactive_output(), lambda: grouped.calls == [] and grouped.jit.calls == []
+    )
+    if refused:
         return
-    if zero:
-        p.update(zero_inactive_output=True)
-    out = _hooked()(**p)
     assert out is c and grouped.jit.calls == [], "is_ep=True must not reach SGLang's kernel"
     (call,) = grouped.calls
     assert call["expert_ids"] is not None and torch.equal(call["expert_ids"], expert_ids)
