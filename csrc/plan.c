@@ -110,9 +110,10 @@ static int unsplittable(const w4a16_device_state *st, const w4a16_gemm_config *c
                         long long tiles, int K, int other) {
     if (c->wk == 1 || w4a16_config(other)->wk != 1) return 0;
     const int slots = st->sm_count * tile_blocks_per_sm(st, w4a16_cfg_smem_bytes(c, layout, stages), c->minb);
+    const int num_kt = cdiv(K, w4a16_cfg_bk(c));
     int as_planned, shared, tiles_unused;
-    w4a16_plan_stream_k(tiles, cdiv(K, w4a16_cfg_bk(c)), slots, 2, 0, &as_planned, &tiles_unused);
-    w4a16_plan_stream_k(tiles, cdiv(K, w4a16_cfg_bk(c)), slots, 2, 1, &shared, &tiles_unused);
+    w4a16_plan_stream_k(tiles, num_kt, slots, 2, 0, &as_planned, &tiles_unused);
+    w4a16_plan_stream_k(tiles, num_kt, slots, 2, 1, &shared, &tiles_unused);
     return as_planned == 0 && shared > 0;
 }
 
