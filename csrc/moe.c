@@ -221,11 +221,15 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
                           "allows %zu",
                           op, block_size, w4a16_moe_smem_bytes(a->tile, layout, a->stages), device, st->smem_optin);
     if (block_size <= 16) moe_tile16(st, device, a);
-    /* AWQ's 16-row tiles run channel tiles fastest (gridDim.y holds the routing blocks, at most 65535): their weight
-     * rows are 32- to 128-byte pieces, which a 128-byte fetch serves to the neighbouring tiles only while they run
-     * together. The Marlin layout's pieces are 512 bytes and more: there the channel-fast order measured 0.97-1.09x the
-     * routing-fast one (slower on 8 of the 9 w2 rows at T = 16-256, H100) */
-    a->n_fast = layout == W4A16_LAYOUT_AWQ && block_size <= 16 && a->grid_blocks <= 65535;
+    /* Channel tiles run fastest (gridDim.y holds the routing blocks, at most 65535), so the blocks launch routing block
+     * by routing block. The grid counts the routing blocks the buffers can hold, and the blocks past the padded count
+     * exit at once: in this order they all come after the live ones, which spread evenly over the SMs. Routing
+     * blocks fastest interleave them with the live ones, in a pattern that can leave SMs with no live block beside
+     * SMs with several (Mixtral-8x7B w2, 8 experts, 14336 k: 0.81x the routing-fast order's time at T = 4, 0.76x at
+     * T = 64; over 120 rows of bench_moe at T <= 256, both layouts, native and sm120: 0.986x, at worst 1.02x,
+     * docs/PERFORMANCE.md "MoE m6"). It also serves AWQ's 16-row tiles: their weight rows are 32- to 128-byte pieces,
+     * which a 128-byte fetch serves to the neighbouring channel tiles only while they run together. */
+    a->n_fast = a->grid_blocks <= 65535;
     a->splits = 1;
     *blocks_per_sm = *occupancy = 0;
     if (workspace_bytes > 0 && a->tile == W4A16_MOE_TILE_16x64) { /* only the 16 x 64 tile splits K */

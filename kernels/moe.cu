@@ -150,8 +150,9 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2;
     const int wn = warp % WN, wk = warp / WN;
-    // grid: routing blocks x channel tiles, channel tiles fastest where n_fast (the blocks that run together then
-    // read neighbouring pieces of one expert's weights, and the same gathered rows)
+    // grid: routing blocks x channel tiles, channel tiles fastest where n_fast (whenever the routing blocks fit
+    // gridDim.y: the live routing blocks launch first, and the blocks that run together read neighbouring pieces of
+    // one expert's weights and the same gathered rows)
     const bool n_fast = p.n_fast != 0;
     const int blk = n_fast ? blockIdx.y : blockIdx.x, ntile = n_fast ? blockIdx.x : blockIdx.y;
     const int n0 = ntile * BN, bs = p.block_size;

@@ -939,6 +939,49 @@ static void test_moe_graph_capture(void **state) {
     experts_free(&X);
 }
 
+/* The launch order: channel tiles in gridDim.x and the routing blocks in y (the live blocks, which come first in the
+ * routing buffers, launch first) for every layout and block size, while the routing blocks fit gridDim.y (65535);
+ * beyond, the routing blocks in x. Then a GEMM that needs the second order (block size 8, 65543 routing blocks),
+ * against the reference. */
+static void test_moe_grid_order(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const int N = 512, K = 256;
+    for (int marlin = 0; marlin < 2; marlin++)
+        for (int b = 0; b < 5; b++) {
+            const int bs = block_list[b];
+            for (int big = 0; big < 2; big++) {
+                const int blocks = big ? 65536 : 4096, cap = blocks * bs;
+                w4a16_gemm_plan_info pi;
+                W4_CHECK(w4a16_moe_gemm_plan(marlin, cap, bs, N, K, 128, W4A16_FP16, g_ws_bytes, &pi));
+                const int routing_dim = big ? 0 : 1, channel_dim = !routing_dim;
+                if (pi.grid[routing_dim] != blocks || pi.grid[channel_dim] * 64 > N || pi.grid[channel_dim] < 1)
+                    fail_msg("%s block %d, %d routing blocks: grid %dx%dx%d, routing blocks expected in %s (%s)",
+                             marlin ? "Marlin" : "AWQ", bs, blocks, pi.grid[0], pi.grid[1], pi.grid[2], big ? "x" : "y",
+                             pi.text);
+            }
+        }
+    if (quick) return; /* 4 M rows of reference */
+    const int T = 65536, E = 8, top_k = 8, bs = 8;
+    int32_t *ids = malloc((size_t)T * top_k * 4);
+    make_ids(ids, T, top_k, E, IDS_DISTINCT);
+    int32_t *d_ids = gpu_upload(ids, (size_t)T * top_k * 4);
+    char label[160];
+    snprintf(label, sizeof label, "T=%d E=%d top_k=%d K=64 N=64 marlin(awq) fp16 G=64 block=%d", T, E, top_k, bs);
+    routing R;
+    route(&R, ids, d_ids, T, top_k, E, bs, label);
+    assert_true(R.bcap > 65535);
+    experts X;
+    experts_make(&X, E, 64, 64, 64, W4A16_FP16, 1);
+    stats st = {0};
+    check_gemm(&X, &R, ids, T, top_k, 0, 1, label, &st);
+    printf("  %s: %d routing blocks, relative error %.2e\n", label, R.bcap, st.worst);
+    experts_free(&X);
+    routing_free(&R);
+    cudaFree(d_ids);
+    free(ids);
+}
+
 static int setup(void **state) {
     (void)state;
     w4a16_device_info info;
@@ -965,6 +1008,7 @@ int main(void) {
         cmocka_unit_test(test_moe_cases),           cmocka_unit_test(test_moe_groups_blocks),
         cmocka_unit_test(test_moe_split_k),         cmocka_unit_test(test_moe_forced_sm120),
         cmocka_unit_test(test_moe_graph_capture),   cmocka_unit_test(test_moe_tiles16),
+        cmocka_unit_test(test_moe_grid_order),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
