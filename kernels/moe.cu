@@ -661,7 +661,9 @@ template <typename T, int LAYOUT, int TILE> cudaError_t prepare(const w4a16_moe_
 
 // the rows and channels csrc/moe.c counts each tile with (w4a16_moe_tile_rows / _bn)
 #define W4A16_MOE_CHECK_(tile, rows, bn)                                                                               \
-    static_assert(TileOf<W4A16_LAYOUT_AWQ, tile>::BM == rows && TileOf<W4A16_LAYOUT_AWQ, tile>::BN == bn, "tile");
+    static_assert(TileOf<W4A16_LAYOUT_AWQ, tile>::BM == rows && TileOf<W4A16_LAYOUT_AWQ, tile>::BN == bn &&            \
+                      w4a16_moe_tile_rows(tile) == rows && w4a16_moe_tile_bn(tile) == bn,                              \
+                  "tile");
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x64, 16, 64)
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x128, 16, 128)
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x256, 16, 256)

@@ -53,14 +53,18 @@ enum {
     W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
     W4A16_MOE_TILES = 5
 };
-static inline int w4a16_moe_tile_rows(int tile) { return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == 3 ? 32 : 64; }
-static inline int w4a16_moe_tile_bn(int tile) { return tile == 0 ? 64 : tile == 1 || tile == 3 ? 128 : 256; }
 
 #ifdef __cplusplus
 #define W4A16_MOE_CONSTEXPR_ constexpr
 #else
 #define W4A16_MOE_CONSTEXPR_
 #endif
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
+    return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : 64;
+}
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
+    return tile == W4A16_MOE_TILE_16x64 ? 64 : tile == W4A16_MOE_TILE_16x128 || tile == W4A16_MOE_TILE_32 ? 128 : 256;
+}
 /* Dynamic shared memory of the MoE GEMM for a tile, a layout (W4A16_LAYOUT_AWQ = 0, Marlin = 1) and a pipeline depth,
  * in plain C so that the host's plans (and the CPU tests) size it; kernels/moe.cu checks it against its Tile at compile
  * time. A tile is <MT, WN, KS> (moe.cu's Cfg) with 4 warps: WK = 4 / WN, BM = 16 MT, BN = 64 WN, BK = 16 WK KS; a stage
@@ -68,12 +72,9 @@ static inline int w4a16_moe_tile_bn(int tile) { return tile == 0 ? 64 : tile == 
  * rows; the K-split warps reduce through the buffers (WK > 1), the unsplit tiles stage their output tile (rows padded
  * by 8). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
-    const int mt = tile == W4A16_MOE_TILE_32 ? 2 : tile == W4A16_MOE_TILE_64 ? 4 : 1;
-    const int wn = tile == W4A16_MOE_TILE_16x64                                 ? 1
-                   : tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4
-                                                                                : 2;
+    const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;
     const int ks = tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4 : 2;
-    const int wk = 4 / wn, bm = 16 * mt, bn = 64 * wn, bk = 16 * wk * ks, slots = bk / 32;
+    const int wk = 4 / wn, bk = 16 * wk * ks, slots = bk / 32;
     const int b = layout == 0 ? bk * (bn / 8 + 4) * 4 : (bk / 16) * 2 * bn * 4;
     const int stage = bm * bk * 2 + b + slots * bn * 2 + slots * (bn / 8) * 4;
     const int red = wk > 1 ? 4 * mt * 8 * 32 * 16 : 0, out = wk == 1 ? bm * (bn + 8) * 2 : 0;
