@@ -6,8 +6,9 @@
 // padding entries are zero-filled and never stored). A stage holds BK k: the gathered A tile (16-byte chunks
 // XOR-swizzled by row for ldmatrix), the expert's packed weights, and the scale / zero-point rows of the groups the
 // stage touches (copied only into stages where a group starts). Each warp takes 64 channels x some k16 steps of every
-// stage (mma.sync m16n8k16, B fragments dequantised in registers with common.cuh's magic-number helpers); the fp32
-// sums of warps that split a stage's k are added in warp order through shared memory at the end, so a row's result
+// stage (mma.sync m16n8k16, B fragments dequantised in registers with common.cuh's magic-number helpers); warps that
+// split K take one contiguous region of the block's k each (a stage holds the next KS k16 steps of every region), and
+// their fp32 sums are added in warp order through shared memory at the end, so a row's result
 // does not depend on which other rows share its block.
 //
 // Split K across blocks (gridDim.z > 1, 16 x 64 tile only): where the routing blocks x channel tiles leave most of the
@@ -87,10 +88,11 @@ __global__ void __launch_bounds__(1024)
 
 // ---------------------------------------------------------------- grouped GEMM
 // Tile of one block (4 warps): BM = 16 MT rows (the routing block), BN = 64 WN channels, BK = 16 WK KS k per stage;
-// warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage.
+// warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage, which
+// hold the next KS k16 steps of its k region.
 // The tiles (Cfg below, chosen per call by csrc/moe.c): 16 rows x 64 channels, the 4 warps splitting 128 k (the most
 // blocks and bytes in flight where few blocks exist; the only tile that also splits K across blocks); 16 x 128, 2
-// channel groups x 2-way K split of 64 k (a warp's group constants serve two stages at G = 128); 16 x 256, each warp
+// channel groups x 2-way K split of 64 k; 16 x 256, each warp
 // 64 channels over whole 64-k stages (the fewest instructions per weight, where blocks are plentiful); 32 rows: 128
 // channels, 2-way K split; 64 rows: 256 channels, no K split (each weight fragment feeds 4 m16 tiles, the A tile is
 // reused by 4 warps).
@@ -137,9 +139,13 @@ __device__ __forceinline__ void cp_async16_l2_128(void *smem, const void *gmem, 
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
+// Resident blocks the register allocation must allow (csrc/moe.c counts blocks per SM from the occupancy API): 4 for
+// the 16-row tiles (<= 128 registers), 3 for the 32-row one (<= 168); unbounded, the compiler took 135 and 180.
+constexpr int min_blocks(int mt) { return mt == 1 ? 4 : mt == 2 ? 3 : 1; }
+
 // SPLIT: K split across gridDim.z blocks (a separate instance, so the unsplit kernels carry none of its code).
 template <typename T, int LAYOUT, int MT, int WN, int KS, bool SPLIT>
-__global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p) {
+__global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a16_moe_launch p) {
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WN, KS>;
     constexpr int WK = TL::WK, BM = TL::BM, BN = TL::BN, BK = TL::BK, SB = TL::SB;
@@ -169,73 +175,92 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     const int kt0 = SPLIT ? (int)blockIdx.z * nkt / splits : 0;
     const int nk = SPLIT ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
     const int g_last = (K - 1) >> gshift, groups = g_last + 1;
-    const int slots = (BK >> gshift) > 1 ? (BK >> gshift) : 1;
     const T *A = static_cast<const T *>(p.A);
+    // k of the stages: each K-split warp group wk owns region wk of the block's k range (kb + wk RL .. + RL, RL =
+    // nk RK), and stage s holds RK k of every region (kb + w RL + s RK ..). A warp so walks contiguous k and rebuilds
+    // its group constants once per group, not once per stage (G = 128 on the 16 x 64 tile: every 4th stage, not
+    // every one). Regions past K (the last region of a K tail) are zero-filled like any chunk past K.
+    constexpr int RK = 16 * KS;
+    const int kb = kt0 * BK, RL = nk * RK;
+    // a copy plan for every stage: a chunk advances by RK k per stage and is inside K while the stage's offset in its
+    // region (koff = s RK) is below its limit; where K is a multiple of BK and the tile inside N (the rule), none of
+    // the weight chunks needs the test
+    const bool full = K % BK == 0 && n0 + BN <= N;
 
-    // ---- per-thread copy plans. k-tiles are issued in order, one at a time, so each chunk's source pointer advances
-    // by one k-tile per issue and a chunk is inside K while the k-tile's first k is below its limit. Chunks past K
-    // (a K tail, K % BK = 64) or past N are zero-filled: zero activations and finite dequantised zero weights add
-    // nothing.
+    // ---- per-thread copy plans. Chunks past K or past N are zero-filled: zero activations and finite dequantised
+    // zero weights add nothing.
     const uint32_t *B = static_cast<const uint32_t *>(p.B);
     const uint32_t *b_src[TL::B_PER];
-    int b_lim[TL::B_PER]; // the chunk is copied while k0 < b_lim: K - (first k of its row), 0 past N
+    int b_lim[TL::B_PER]; // the chunk is copied while koff < b_lim: K - (first k of its row at koff 0), 0 past N
     uint32_t b_dst[TL::B_PER];
-    const size_t b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * (2 * N);
+    const size_t b_step = LAYOUT == W4A16_LAYOUT_AWQ ? (size_t)RK * (N / 8) : (size_t)KS * (2 * N);
 #pragma unroll
     for (int i = 0; i < TL::B_PER; i++) {
         const int c = tid + i * THREADS, row = c / TL::B_CPR, ch = c % TL::B_CPR;
         if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
             const bool on = n0 + ch * 32 < N;
-            b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)row * (N / 8) + n0 / 8 + ch * 4 : 0);
+            const int k = kb + (row / RK) * RL + row % RK;
+            b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)k * (N / 8) + n0 / 8 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * SB + ch * 4) * 4;
-            b_lim[i] = on ? K - row : 0;
+            b_lim[i] = on ? K - k : 0;
         } else {
             const bool on = n0 + ch * 2 < N;
-            b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)row * (2 * N) + 2 * n0 + ch * 4 : 0);
+            const int k16 = kb / 16 + (row / KS) * (RL / 16) + row % KS;
+            b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)k16 * (2 * N) + 2 * n0 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * 2 * BN + ch * 4) * 4;
-            b_lim[i] = on ? K - 16 * row : 0;
+            b_lim[i] = on ? K - 16 * k16 : 0;
         }
-        b_src[i] += (size_t)kt0 * b_step;
     }
+    // scale / zero-point rows: SPR per region and stage (two where G = 32 < RK = 64); slot w SPR + j of a stage holds
+    // the j-th group of region w's RK k, copied only where a group starts in it (or it is the region's first stage)
+    const int spr = (RK >> gshift) > 1 ? (RK >> gshift) : 1;
     const T *s_base = nullptr;
-    int s_sl = 0;
+    int s_k = 0, s_j = 0;
     uint32_t s_dsto = 0;
-    if (tid < slots * (BN / 8)) {
-        const int ch = tid % (BN / 8);
-        s_sl = tid / (BN / 8);
+    if (tid < WK * spr * (BN / 8)) {
+        const int ch = tid % (BN / 8), sl = tid / (BN / 8);
+        s_k = kb + (sl / spr) * RL, s_j = sl % spr;
         if (n0 + ch * 8 < N) s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + ch * 8;
-        s_dsto = A_BYTES + B_BYTES + (s_sl * BN + ch * 8) * 2;
+        s_dsto = A_BYTES + B_BYTES + (sl * BN + ch * 8) * 2;
     }
     const uint32_t *z_base = nullptr;
-    int z_sl = 0;
+    int z_k = 0, z_j = 0;
     uint32_t z_dsto = 0;
-    if (p.zeros && tid >= 64 && tid < 64 + slots * (BN / 32)) {
-        const int t2 = tid - 64, ch = t2 % (BN / 32);
-        z_sl = t2 / (BN / 32);
+    if (p.zeros && tid >= 64 && tid < 64 + WK * spr * (BN / 32)) {
+        const int t2 = tid - 64, ch = t2 % (BN / 32), sl = t2 / (BN / 32);
+        z_k = kb + (sl / spr) * RL, z_j = sl % spr;
         if (n0 + ch * 32 < N)
             z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
-        z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (z_sl * (BN / 8) + ch * 4) * 4;
+        z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (sl * (BN / 8) + ch * 4) * 4;
     }
-    // weights of the next k-tile (first k k0); its scale and zero-point rows only where a group starts in it (or it
-    // is the block's first): the warps rebuild their group constants only there, from that stage's copy
-    const int k_first = kt0 * BK;
-    auto issue_w = [&](int k0, unsigned char *st) {
-        const int g0 = k0 >> gshift;
-        const bool group_rows = k0 == k_first || g0 != (k0 - BK) >> gshift;
+    auto group_row = [&](int k, int koff, int j, bool &copy) { // the row slot j of a region's stage holds, if new
+        const int g0 = (k + koff) >> gshift;
+        copy = koff == 0 || g0 != (k + koff - RK) >> gshift;
+        return min(g0 + j, g_last);
+    };
+    // weights of the stage at region offset koff, with their scale and zero-point rows where a group starts
+    auto issue_w = [&](int koff, unsigned char *st) {
 #pragma unroll
         for (int i = 0; i < TL::B_PER; i++) {
-            const bool ok = k0 < b_lim[i];
+            const bool ok = full || koff < b_lim[i];
             if (LAYOUT == W4A16_LAYOUT_AWQ && MT == 1 && n_fast)
                 cp_async16_l2_128(st + b_dst[i], ok ? b_src[i] : B, ok);
             else
                 cp_async16(st + b_dst[i], ok ? b_src[i] : B, ok);
             b_src[i] += b_step;
         }
-        if (s_base && group_rows) cp_async16(st + s_dsto, s_base + (size_t)min(g0 + s_sl, g_last) * N, true);
-        if (z_base && group_rows) cp_async16(st + z_dsto, z_base + (size_t)min(g0 + z_sl, g_last) * (N / 8), true);
+        bool copy;
+        if (s_base) {
+            const int g = group_row(s_k, koff, s_j, copy);
+            if (copy) cp_async16(st + s_dsto, s_base + (size_t)g * N, true);
+        }
+        if (z_base) {
+            const int g = group_row(z_k, koff, z_j, copy);
+            if (copy) cp_async16(st + z_dsto, z_base + (size_t)g * (N / 8), true);
+        }
     };
     // the first stages' weights need only the expert: they are on their way while the rows are gathered
-    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w((kt0 + s) * BK, smem + s * STAGE);
+    for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(s * RK, smem + s * STAGE);
     if (tid < BM) {
         const bool ok = id >= 0 && id < p.M * p.top_k;
         s_src[tid] = ok ? id / p.top_k : -1;
@@ -243,21 +268,22 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     }
     __syncthreads();
     const T *a_src[TL::A_PER];
-    int a_lim[TL::A_PER]; // copied while k0 < a_lim: K - (first k of the chunk), 0 for padding rows
+    int a_lim[TL::A_PER]; // copied while koff < a_lim: K - (first k of the chunk at koff 0), 0 for padding rows
     uint32_t a_dst[TL::A_PER];
 #pragma unroll
     for (int i = 0; i < TL::A_PER; i++) {
         const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
-        a_lim[i] = src >= 0 ? K - ch * 8 : 0;
-        a_src[i] = A + (src >= 0 ? (size_t)src * K : 0) + ch * 8 + (size_t)kt0 * BK;
+        const int k = kb + (ch / (RK / 8)) * RL + (ch % (RK / 8)) * 8;
+        a_lim[i] = src >= 0 ? K - k : 0;
+        a_src[i] = A + (src >= 0 ? (size_t)src * K + k : 0);
         a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
     }
-    auto issue_a = [&](int k0, unsigned char *st) { // the gathered activation rows of the next k-tile
+    auto issue_a = [&](int koff, unsigned char *st) { // the gathered activation rows of the stage
 #pragma unroll
         for (int i = 0; i < TL::A_PER; i++) {
-            const bool ok = k0 < a_lim[i];
+            const bool ok = koff < a_lim[i];
             cp_async16(st + a_dst[i], ok ? a_src[i] : A, ok);
-            a_src[i] += BK;
+            a_src[i] += RK;
         }
     };
 
@@ -270,7 +296,7 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
-        if (s < nk) issue_a((kt0 + s) * BK, smem + s * STAGE);
+        if (s < nk) issue_a(s * RK, smem + s * STAGE);
         cp_async_commit();
     }
     const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
@@ -294,23 +320,21 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
     };
     GroupConst<T> gc[8];
     int cur_group = -1;
-    // ring of stage buffers without divisions (the depth is a run-time profile value): the stage read at step i and
-    // the one refilled (read at step i - 1)
+    // ring of stage buffers without divisions: the stage read at step i and the one refilled (read at step i - 1)
     unsigned char *const ring_end = smem + stages * STAGE;
     unsigned char *rd = smem, *wr = smem + (stages - 1) * STAGE;
-    int k0 = kt0 * BK, k_next = (kt0 + stages - 1) * BK;
-    for (int i = 0; i < nk; i++, k0 += BK) {
-        if (stages == 4)
+    const int kw = kb + wk * RL; // the warp's region
+    for (int i = 0, koff = 0; i < nk; i++, koff += RK) {
+        if (stages == 4) // the depths csrc/moe.c plans (2-4): immediates, not cp_async_wait_dyn's jump table
             cp_async_wait<2>();
         else if (stages == 3)
             cp_async_wait<1>();
         else
-            cp_async_wait_dyn(stages - 2);
+            cp_async_wait<0>();
         __syncthreads(); // stage i is visible; every warp is done with stage i - 1, whose buffer is refilled now
         if (i + stages - 1 < nk) {
-            issue_w(k_next, wr);
-            issue_a(k_next, wr);
-            k_next += BK;
+            issue_w(koff + (stages - 1) * RK, wr);
+            issue_a(koff + (stages - 1) * RK, wr);
         }
         cp_async_commit();
         wr = wr + STAGE == ring_end ? smem : wr + STAGE;
@@ -320,10 +344,10 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const w4a16_moe_launch p)
         fetch(st, wk * KS, fr[0]);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
-            const int kk = wk * KS + ks, g = (k0 + 16 * kk) >> gshift;
+            const int kk = wk * KS + ks, g = (kw + koff + 16 * ks) >> gshift;
             if (g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
                 cur_group = g;    // 8r + ORDER[j], Marlin 8j + r), from the stage's slot of group g
-                const int sl = min(g, g_last) - (k0 >> gshift);
+                const int sl = wk * spr + min(g, g_last) - min((kw + koff) >> gshift, g_last);
                 const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
                 const uint32_t *sZ =
                     reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * (BN / 8) + wn * 8;
