@@ -345,7 +345,10 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const int kk = wk * KS + ks, g = (kw + koff + 16 * ks) >> gshift;
-            if (g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
+            // regions and stages start at multiples of 32 k and G >= 32: a group can start only at even steps (no
+            // test, so no branch, between a step's MMAs and the next step's dequantisation otherwise)
+            if (ks % 2 == 0 &&
+                g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
                 cur_group = g;    // 8r + ORDER[j], Marlin 8j + r), from the stage's slot of group g
                 const int sl = wk * spr + min(g, g_last) - min((kw + koff) >> gshift, g_last);
                 const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
@@ -410,7 +413,9 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
             load_a(0, fa[0]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                if (mt * 16 >= bs) break; // m16 tiles past the block's rows hold padding only
+                // m16 tiles past the block's rows hold padding only (the first never: block_size >= 8, and no branch
+                // there lets the compiler interleave a step's dequantisation with the previous MMAs)
+                if (mt > 0 && mt * 16 >= bs) break;
                 if (mt + 1 < MT && (mt + 1) * 16 < bs) load_a(mt + 1, fa[(mt + 1) & 1]);
 #pragma unroll
                 for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
