@@ -413,10 +413,10 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
             load_a(0, fa[0]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                // m16 tiles past the block's rows hold padding only (the first never: block_size >= 8, and no branch
-                // there lets the compiler interleave a step's dequantisation with the previous MMAs)
-                if (mt > 0 && mt * 16 >= bs) break;
-                if (mt + 1 < MT && (mt + 1) * 16 < bs) load_a(mt + 1, fa[(mt + 1) & 1]);
+                // every m16 tile, also those past the block's rows (zero-filled padding, never stored): a test there
+                // would close a basic block before the MMAs, and the compiler could not interleave the next step's
+                // dequantisation with them (docs/PERFORMANCE.md "MoE m7")
+                if (mt + 1 < MT) load_a(mt + 1, fa[(mt + 1) & 1]);
 #pragma unroll
                 for (int j = 0; j < 8; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
             }
