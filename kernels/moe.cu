@@ -8,8 +8,8 @@
 // stage touches (copied only into stages where a group starts). Each warp takes 64 channels x some k16 steps of every
 // stage (mma.sync m16n8k16, B fragments dequantised in registers with common.cuh's magic-number helpers); warps that
 // split K take one contiguous region of the block's k each (a stage holds the next KS k16 steps of every region), and
-// their fp32 sums are added in warp order through shared memory at the end, so a row's result
-// does not depend on which other rows share its block.
+// their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
+// which other rows share its block.
 //
 // Split K across blocks (gridDim.z > 1, 16 x 64 tile only): where the routing blocks x channel tiles leave most of the
 // GPU's block slots empty (decode: T x top_k pairs in a few routing blocks), each tile's k-tiles are divided among
@@ -92,10 +92,9 @@ __global__ void __launch_bounds__(1024)
 // hold the next KS k16 steps of its k region.
 // The tiles (Cfg below, chosen per call by csrc/moe.c): 16 rows x 64 channels, the 4 warps splitting 128 k (the most
 // blocks and bytes in flight where few blocks exist; the only tile that also splits K across blocks); 16 x 128, 2
-// channel groups x 2-way K split of 64 k; 16 x 256, each warp
-// 64 channels over whole 64-k stages (the fewest instructions per weight, where blocks are plentiful); 32 rows: 128
-// channels, 2-way K split; 64 rows: 256 channels, no K split (each weight fragment feeds 4 m16 tiles, the A tile is
-// reused by 4 warps).
+// channel groups x 2-way K split of 64 k; 16 x 256, each warp 64 channels over whole 64-k stages (the fewest
+// instructions per weight, where blocks are plentiful); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels,
+// no K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
 __device__ __forceinline__ void add4(float4 &a, const float4 b) {
     a.x += b.x;
     a.y += b.y;
@@ -182,9 +181,10 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     // every one). Regions past K (the last region of a K tail) are zero-filled like any chunk past K.
     constexpr int RK = 16 * KS;
     const int kb = kt0 * BK, RL = nk * RK;
+    auto region_k = [&](int x) { return kb + (x / RK) * RL + x % RK; }; // k of offset x (0 .. BK) of the first stage
     // a copy plan for every stage: a chunk advances by RK k per stage and is inside K while the stage's offset in its
-    // region (koff = s RK) is below its limit; where K is a multiple of BK and the tile inside N (the rule), none of
-    // the weight chunks needs the test
+    // region (koff = s RK) is below its limit; where K is a multiple of BK and the tile lies inside N, none of the
+    // weight chunks needs the test
     const bool full = K % BK == 0 && n0 + BN <= N;
 
     // ---- per-thread copy plans. Chunks past K or past N are zero-filled: zero activations and finite dequantised
@@ -199,13 +199,13 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         const int c = tid + i * THREADS, row = c / TL::B_CPR, ch = c % TL::B_CPR;
         if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
             const bool on = n0 + ch * 32 < N;
-            const int k = kb + (row / RK) * RL + row % RK;
+            const int k = region_k(row);
             b_src[i] = B + (size_t)e * K * (N / 8) + (on ? (size_t)k * (N / 8) + n0 / 8 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * SB + ch * 4) * 4;
             b_lim[i] = on ? K - k : 0;
         } else {
             const bool on = n0 + ch * 2 < N;
-            const int k16 = kb / 16 + (row / KS) * (RL / 16) + row % KS;
+            const int k16 = region_k(16 * row) / 16;
             b_src[i] = B + (size_t)e * (K / 16) * (2 * N) + (on ? (size_t)k16 * (2 * N) + 2 * n0 + ch * 4 : 0);
             b_dst[i] = A_BYTES + (row * 2 * BN + ch * 4) * 4;
             b_lim[i] = on ? K - 16 * k16 : 0;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     uint32_t s_dsto = 0;
     if (tid < WK * spr * (BN / 8)) {
         const int ch = tid % (BN / 8), sl = tid / (BN / 8);
-        s_k = kb + (sl / spr) * RL, s_j = sl % spr;
+        s_k = region_k(sl / spr * RK), s_j = sl % spr;
         if (n0 + ch * 8 < N) s_base = static_cast<const T *>(p.scales) + (size_t)e * groups * N + n0 + ch * 8;
         s_dsto = A_BYTES + B_BYTES + (sl * BN + ch * 8) * 2;
     }
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     uint32_t z_dsto = 0;
     if (p.zeros && tid >= 64 && tid < 64 + WK * spr * (BN / 32)) {
         const int t2 = tid - 64, ch = t2 % (BN / 32), sl = t2 / (BN / 32);
-        z_k = kb + (sl / spr) * RL, z_j = sl % spr;
+        z_k = region_k(sl / spr * RK), z_j = sl % spr;
         if (n0 + ch * 32 < N)
             z_base = static_cast<const uint32_t *>(p.zeros) + (size_t)e * groups * (N / 8) + n0 / 8 + ch * 4;
         z_dsto = A_BYTES + B_BYTES + TL::S_BYTES + (sl * (BN / 8) + ch * 4) * 4;
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
     for (int i = 0; i < TL::A_PER; i++) {
         const int c = tid + i * THREADS, row = c / CH, ch = c % CH, src = s_src[row];
-        const int k = kb + (ch / (RK / 8)) * RL + (ch % (RK / 8)) * 8;
+        const int k = region_k(8 * ch);
         a_lim[i] = src >= 0 ? K - k : 0;
         a_src[i] = A + (src >= 0 ? (size_t)src * K + k : 0);
         a_dst[i] = (row * BK + ((ch ^ (row & 7)) * 8)) * 2;
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     // ring of stage buffers without divisions: the stage read at step i and the one refilled (read at step i - 1)
     unsigned char *const ring_end = smem + stages * STAGE;
     unsigned char *rd = smem, *wr = smem + (stages - 1) * STAGE;
-    const int kw = kb + wk * RL; // the warp's region
+    const int kw = region_k(wk * RK); // the warp's region
     for (int i = 0, koff = 0; i < nk; i++, koff += RK) {
         if (stages == 4) // the depths csrc/moe.c plans (2-4): immediates, not cp_async_wait_dyn's jump table
             cp_async_wait<2>();
@@ -345,11 +345,12 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const int kk = wk * KS + ks, g = (kw + koff + 16 * ks) >> gshift;
-            // regions and stages start at multiples of 32 k and G >= 32: a group can start only at even steps (no
-            // test, so no branch, between a step's MMAs and the next step's dequantisation otherwise)
-            if (ks % 2 == 0 &&
-                g != cur_group) { // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ
-                cur_group = g;    // 8r + ORDER[j], Marlin 8j + r), from the stage's slot of group g
+            // group constants of the warp's 8 n8 blocks (column of block j, slot r: AWQ 8r + ORDER[j], Marlin
+            // 8j + r), from the stage's slot of group g. Regions and stages start at multiples of 32 k and G >= 32,
+            // so a group can start only at even steps: no test, so no branch, between a step's MMAs and the next
+            // step's dequantisation otherwise.
+            if (ks % 2 == 0 && g != cur_group) {
+                cur_group = g;
                 const int sl = wk * spr + min(g, g_last) - min((kw + koff) >> gshift, g_last);
                 const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + wn * 64;
                 const uint32_t *sZ =
