@@ -46,8 +46,11 @@ typedef struct w4a16_profile {
      * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM */
     int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
     int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm;
-    int staged_min_m; /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
-                         dequantised weights (w4a16_workspace_size_staged) */
+    int staged_min_m;    /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
+                            dequantised weights (w4a16_workspace_size_staged) */
+    int rows64_min_fill; /* > 0: where no wgmma tile runs, the MoE kernel's 64 x 256 tile (W4A16_KERNEL_ROWS64) when
+                            its tiles fill at least this percent of one wave of its block slots ... */
+    int rows64_min_wave_fill; /* ... and this percent of all the waves they take */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
@@ -136,6 +139,10 @@ W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, in
 /* Pipeline depth of a MoE GEMM tile (W4A16_MOE_TILE_*) on a device's profile (csrc/moe.c): 4 stages on Hopper-class
  * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two. */
 W4A16_HIDDEN int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout);
+/* A dense GEMM on the MoE kernel's 64-row tile (W4A16_KERNEL_ROWS64 plans, csrc/moe.c): the resident blocks per SM
+ * the device gives it (its shared memory and carveout set as the launch sets them), and the launch; cudaError_t. */
+W4A16_HIDDEN int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *a, int *blocks_per_sm);
+W4A16_HIDDEN int w4a16_moe_dense_launch(const w4a16_gemm_launch *a);
 
 /* Validation helpers (csrc/validate.c): each records its message and returns the status, or W4A16_OK. */
 W4A16_HIDDEN w4a16_status w4a16_check_ptr(const void *p, const char *name, unsigned align, int required);

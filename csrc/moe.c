@@ -152,6 +152,57 @@ static int moe_blocks_per_sm(const w4a16_device_state *st, int device, const w4a
     return occ < by_smem ? occ : by_smem;
 }
 
+/* The MoE launch of a dense GEMM plan (W4A16_KERNEL_ROWS64): the 64-row tile on the identity routing (no routing
+ * buffers: row i of A and C is pair i of routing block i / 64, all of expert 0), channel tiles fastest. */
+static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
+    const w4a16_gemm_args *x = &g->args;
+    *a = (w4a16_moe_launch){
+        .A = x->A,
+        .B = x->B,
+        .scales = x->scales,
+        .zeros = x->zeros,
+        .bias = x->bias,
+        .C = x->C,
+        .sorted_capacity = g->plan.grid[0] * 64,
+        .grid_blocks = g->plan.grid[0],
+        .block_size = 64,
+        .M = x->M,
+        .top_k = 1,
+        .num_experts = 1,
+        .N = x->N,
+        .K = x->K,
+        .gshift = x->gshift,
+        .marlin_channelwise = x->marlin_channelwise,
+        .dtype = g->dtype,
+        .layout = g->layout,
+        .stages = g->plan.stages,
+        .carveout = g->plan.carveout,
+        .tile = W4A16_MOE_TILE_64,
+        .splits = 1,
+        .n_fast = g->plan.grid[0] <= 65535,
+        .stream = g->stream,
+    };
+}
+
+int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *g, int *blocks_per_sm) {
+    int device;
+    const w4a16_device_state *st;
+    w4a16_moe_launch a;
+    *blocks_per_sm = 0;
+    if (w4a16_current_device(&device, &st) != W4A16_OK) return cudaErrorInvalidDevice;
+    moe_dense_of(g, &a);
+    return moe_prepare(device, &a, 0, blocks_per_sm);
+}
+
+int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {
+    int occupancy;
+    const int err = w4a16_moe_dense_occupancy(g, &occupancy); /* prepares the kernel on this device, once */
+    if (err != cudaSuccess) return err;
+    w4a16_moe_launch a;
+    moe_dense_of(g, &a);
+    return w4a16_launch_moe_gemm(&a);
+}
+
 /* The tile of a 16-row routing block (the routing blocks counted from the buffers' capacity, as for the K split), from
  * one A/B run of the three tiles on the H100, native and sm120 profiles (docs/PERFORMANCE.md "MoE m4"):
  * - 16 x 64 where its blocks fit in about one wave of the GPU's block slots (at most 1.1: decode sizes), or where the

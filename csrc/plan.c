@@ -2,6 +2,7 @@
  * call: which kernel, which compiled tile config and pipeline depth, how many K splits, which grid. Nothing
  * downstream decides again: kernels/dispatch.cu launches exactly this. Pure C over data, so the CPU tests
  * (tests/test_plan.c) check the plans of GPUs this machine does not have. */
+#include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <stdio.h>
 
@@ -102,6 +103,34 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
     pl->grid[2] = pl->splits;
 }
 
+/* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
+ * K split) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and its tiles
+ * fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of the waves
+ * they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles (stream-K) on such
+ * layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers whose few tiles the
+ * dense kernels split along K (docs/PERFORMANCE.md "v24"). */
+static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
+    if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
+    const int stages = w4a16_moe_stages(st, W4A16_MOE_TILE_64, layout);
+    const int smem = w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, layout, stages);
+    if ((size_t)smem > st->smem_optin) return 0;
+    const int per_sm = tile_blocks_per_sm(st, smem, 2); /* kernels/moe.cu's tests hold it at two blocks per SM */
+    const long long tiles = (long long)cdiv(M, 64) * cdiv(N, 256), slots = (long long)st->sm_count * per_sm;
+    /* it has no stream-K: a last wave nearly empty costs a whole tile's time */
+    const long long waves = (tiles + slots - 1) / slots;
+    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) return 0;
+    pl->kind = W4A16_KERNEL_ROWS64;
+    pl->stages = stages;
+    pl->threads = W4A16_MOE_THREADS;
+    pl->smem_bytes = smem;
+    pl->blocks_per_sm = per_sm;
+    pl->grid[0] = cdiv(M, 64);
+    pl->grid[1] = cdiv(N, 256);
+    return 1;
+}
+
 /* Whether `tiles` tiles of config c, K deep, run unshared where stream-K would share them if c's tiles could straddle
  * blocks: tiles that split K among their warps (WK > 1) never do (see w4a16_plan_gemm), so with more than half a wave
  * and a last wave under the fill threshold they keep SMs idle. Only asked where the alternative config `other`
@@ -167,6 +196,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
+    if (plan_rows64(st, layout, M, N, K, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
@@ -232,6 +262,12 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      "%d threads, %d block%s/SM",
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
+                     pl->blocks_per_sm > 1 ? "s" : "");
+    else if (pl->kind == W4A16_KERNEL_ROWS64)
+        n = snprintf(buf, size,
+                     "rows-64 (the MoE kernel's 64 x 256 tile, %d stages, identity routing), grid %dx%d, %d threads, "
+                     "%d bytes shared, %d block%s/SM",
+                     pl->stages, pl->grid[0], pl->grid[1], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else if (pl->kind == W4A16_KERNEL_MMA)
         n = snprintf(buf, size,

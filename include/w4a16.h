@@ -163,7 +163,7 @@ W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
  * shared memory and carveout, which this sets on the kernel as a launch would). Arguments as for w4a16_awq_gemm
  * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
 typedef struct w4a16_gemm_plan_info {
-    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma" or "staged" */
+    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64" (the MoE 64-row tile) */
     int config;      /* tile config id (mma.sync or wgmma list, by kernel) */
     int stages, splits, grid[3], threads, smem_bytes;
     int blocks_per_sm;      /* resident blocks per SM the plan sized its K split for */

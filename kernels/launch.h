@@ -35,9 +35,11 @@ typedef struct w4a16_gemm_args {
 } w4a16_gemm_args;
 
 /* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
- * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), or the staged path (dequantise, then dense wgmma). */
+ * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), the staged path (dequantise, then dense wgmma), or the
+ * MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu) on the identity routing (csrc/moe.c launches it). */
 #define W4A16_KERNEL_KINDS(X)                                                                                          \
-    X(DECODE8, "decode-8") X(DECODE16, "decode-16") X(MMA, "mma.sync") X(WGMMA, "wgmma") X(STAGED, "staged")
+    X(DECODE8, "decode-8")                                                                                             \
+    X(DECODE16, "decode-16") X(MMA, "mma.sync") X(WGMMA, "wgmma") X(STAGED, "staged") X(ROWS64, "rows-64")
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)

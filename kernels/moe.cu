@@ -163,10 +163,12 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     const int n0 = ntile * BN, bs = p.block_size;
     // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
     // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them)
-    const int npp = *p.num_post_padded, e = p.expert_ids[blk];
+    // no routing buffers: a dense GEMM (W4A16_KERNEL_ROWS64), pair i = row i, every block of expert 0
+    const bool dense = p.sorted_ids == nullptr;
+    const int npp = dense ? p.sorted_capacity : *p.num_post_padded, e = dense ? 0 : p.expert_ids[blk];
     int id = -1;
     if (tid < BM && tid < bs && (long long)blk * bs + tid < p.sorted_capacity)
-        id = p.sorted_ids[(size_t)blk * bs + tid];
+        id = dense ? blk * bs + tid : p.sorted_ids[(size_t)blk * bs + tid];
     if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
     const int N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
     // this block's k-tiles [kt0, kt0 + nk): split z of gridDim.z (host: every split gets at least one k-tile)

@@ -22,7 +22,7 @@ typedef struct w4a16_moe_launch {
     const void *A, *B, *scales, *zeros, *bias;
     const float *topk_weights;
     void *C;
-    const int32_t *sorted_ids, *expert_ids, *num_post_padded;
+    const int32_t *sorted_ids, *expert_ids, *num_post_padded; /* all NULL: a dense GEMM (pair i = row i, expert 0) */
     int sorted_capacity, grid_blocks; /* blocks launched along x: ceil(sorted_capacity / block_size) */
     int block_size, M, top_k, num_experts, N, K;
     int gshift;             /* log2(G), 31 when G = K is not a power of two */

@@ -62,7 +62,7 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged"};
+    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64"};
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -71,6 +71,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     else if (pl.kind == W4A16_KERNEL_WGMMA)
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
                  pl.grid[2]);
+    else if (pl.kind == W4A16_KERNEL_ROWS64)
+        snprintf(what, sizeof what, "rows64 st=%d grid=%d,%d smem=%d", pl.stages, pl.grid[0], pl.grid[1],
+                 pl.smem_bytes);
     else if (pl.kind == W4A16_KERNEL_MMA)
         snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
                  pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.smem_bytes);
@@ -279,7 +282,23 @@ static void test_plan_invariants(void **state) {
                                 continue;
                             }
                             int bm, bn, bk, minb;
-                            if (pl.kind == W4A16_KERNEL_WGMMA) {
+                            if (pl.kind == W4A16_KERNEL_ROWS64) {
+                                /* the MoE kernel's 64 x 256 tile, never where a wgmma tile runs, K whole */
+                                assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
+                                assert_true(st.profile->rows64_min_fill > 0 && K % 64 == 0);
+                                assert_true(M > st.profile->small_max_m && M > st.profile->mid32_max_m);
+                                bm = 64, bn = 256, bk = 64, minb = 2;
+                                assert_int_equal(pl.threads, W4A16_MOE_THREADS);
+                                assert_int_equal(pl.smem_bytes,
+                                                 w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, layout, pl.stages));
+                                assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
+                                /* its tiles fill most of a wave of its slots */
+                                const long long t = (long long)pl.grid[0] * pl.grid[1],
+                                                slots = (long long)st.sm_count * pl.blocks_per_sm;
+                                assert_true(t * 100 >= slots * st.profile->rows64_min_fill);
+                                assert_true(t * 100 >=
+                                            (t + slots - 1) / slots * slots * st.profile->rows64_min_wave_fill);
+                            } else if (pl.kind == W4A16_KERNEL_WGMMA) {
                                 assert_true(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
                                 bm = w4a16_wgmma_tm(pl.cfg), bn = w4a16_wgmma_bn(pl.cfg), bk = 64;
                                 minb = w4a16_wgmma_minb(pl.cfg);
@@ -450,9 +469,10 @@ static void test_hand_checked_stream_k(void **state) {
         /* ... but 80 of them would fill 61% of the slots with no split: the 64 x 256 tile (4 x 17664 bytes), whose 40
          * tiles split 3 ways (132 / 40) */
         {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 10240, 8192, W4A16_CFG_WIDE64, 4, 70656, 120, 40, 120},
-        /* M > 256 on sm80: the 128 x 256 tile with 4 stages (103424 bytes: one per 164 KB SM); 4 x 40 = 160 tiles are
-         * one wave of 108 and 52 more (48% full): those 52 and one wave share the 108 slots, no tile runs whole */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 108, 160, 108},
+        /* M > 256 on sm80: the 128 x 256 tile with 4 stages (103424 bytes: one per 164 KB SM); 4 x 8 = 32 tiles are
+         * under half of the 108 slots (and too few for the 64-row tile: 8 x 8 = 64 < 85% of 2 x 108): each split 3
+         * ways (108 / 32) */
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 2048, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 96, 32, 96},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
@@ -521,6 +541,56 @@ static void test_moe_stages(void **state) {
     }
 }
 
+/* By hand: the MoE kernel's 64 x 256 tile for dense GEMMs (W4A16_KERNEL_ROWS64), Marlin fp16, small workspace. Its
+ * shared memory (test_moe_stages): 52992 bytes with 3 stages, 35328 with 2; on a 100 KB SM two blocks fit only with 2
+ * stages, on a 164 KB SM three fit with 3 (counted as 2, its register budget). It runs where its tiles fill at least
+ * 85% of SMs x 2 slots (the same layer takes it on the H100's 132 SMs but not on an RTX 5090's 170) and 70% of the
+ * waves they take. */
+static void test_hand_checked_rows64(void **state) {
+    (void)state;
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma;
+        const char *forced;
+        int M, N, K, rows64, stages, smem;
+    } c[] = {
+        /* 8 x 40 = 320 tiles >= 0.85 x 216 */
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 1, 3, 52992},
+        /* 16 x 16 = 256 tiles >= 0.85 x 264 on 132 SMs ... */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 1, 2, 35328},
+        /* ... < 0.85 x 340 on 170 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 1, 2, 35328},
+        /* 2 x 112 = 224 < 0.85 x 340 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0},
+        /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0},
+        /* 16 x 40 = 640: three waves, 81% */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 1, 2, 35328},
+        /* the H100's own profile runs wgmma there */
+        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, c[i].M, c[i].N, c[i].K,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
+        assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, c[i].rows64);
+        if (!c[i].rows64) continue;
+        assert_int_equal(pl.stages, c[i].stages);
+        assert_int_equal(pl.smem_bytes, c[i].smem);
+        assert_int_equal(pl.blocks_per_sm, 2);
+        assert_int_equal(pl.grid[0], c[i].M / 64);
+        assert_int_equal(pl.grid[1], c[i].N / 256);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
@@ -528,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
         cmocka_unit_test(test_hand_checked_stream_k),
+        cmocka_unit_test(test_hand_checked_rows64),
         cmocka_unit_test(test_forced_profile_while_planning),
         cmocka_unit_test(test_moe_stages),
     };
