@@ -447,6 +447,22 @@ static void test_forced_profile_while_planning(void **state) {
     assert_true(plans[0] > 0 && plans[1] > 0);
 }
 
+/* A Marlin fp16 call with the small workspace planned on a described device (under `forced`, if given), printed. */
+static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms, int smem_block, int wgmma,
+                                 const char *forced, int M, int N, int K) {
+    plan_device d = {name, profile, sms, smem_block, wgmma};
+    w4a16_device_state st = device_state(&d);
+    if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
+    w4a16_plan pl;
+    assert_int_equal(
+        w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, M, N, K, w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+        W4A16_OK);
+    char text[256];
+    w4a16_plan_text(&pl, text, sizeof text);
+    print_message("  %-13s M=%d N=%d: %s\n", name, M, N, text);
+    return pl;
+}
+
 /* By hand: stream-K plans of the mma.sync tile kernel (configs.h, profiles.c, plan.c), Marlin fp16, small workspace.
  * Stage bytes: A BM x BK x 2 + weights (BK / 16) x 2 BN x 4 + scales (BK / 32) x BN x 2 + zeros (BK / 32) x BN / 2. */
 static void test_hand_checked_stream_k(void **state) {
@@ -475,16 +491,8 @@ static void test_hand_checked_stream_k(void **state) {
         {"A100", "sm80", 108, 166912, 0, NULL, 512, 2048, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 96, 32, 96},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, c[i].M, c[i].N, c[i].K,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s M=%d: %s\n", c[i].name, c[i].M, text);
+        const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
+                                             c[i].forced, c[i].M, c[i].N, c[i].K);
         assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.stages, c[i].stages);
@@ -571,16 +579,8 @@ static void test_hand_checked_rows64(void **state) {
         {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, c[i].M, c[i].N, c[i].K,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
+        const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
+                                             c[i].forced, c[i].M, c[i].N, c[i].K);
         assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, c[i].rows64);
         if (!c[i].rows64) continue;
         assert_int_equal(pl.stages, c[i].stages);
