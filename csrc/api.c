@@ -87,7 +87,7 @@ static w4a16_status run_gemm(int layout, const void *A, const void *B, const voi
         fprintf(stderr, "w4a16: %s M=%d N=%d K=%d G=%d %s: %s\n", op, M, N, K, G, dtype ? "bf16" : "fp16", text);
     }
     if (a.plan.kind == W4A16_KERNEL_STAGED) return run_staged(&a, G, workspace, st->sm_count, op);
-    if (a.plan.kind == W4A16_KERNEL_ROWS64) return w4a16_launch_status(w4a16_moe_dense_launch(&a), op);
+    if (W4A16_KERNEL_ROWS(a.plan.kind)) return w4a16_launch_status(w4a16_moe_dense_launch(&a), op);
     return w4a16_launch_status(w4a16_launch_gemm(&a), op);
 }
 
@@ -163,8 +163,8 @@ w4a16_status w4a16_gemm_plan(int marlin, int M, int N, int K, int group_size, w4
         return s;
     int occupancy = 0;
     if (a.plan.kind != W4A16_KERNEL_STAGED) {
-        int e = a.plan.kind == W4A16_KERNEL_ROWS64 ? w4a16_moe_dense_occupancy(&a, &occupancy)
-                                                   : w4a16_gemm_occupancy(&a, &occupancy);
+        int e = W4A16_KERNEL_ROWS(a.plan.kind) ? w4a16_moe_dense_occupancy(&a, &occupancy)
+                                               : w4a16_gemm_occupancy(&a, &occupancy);
         if (e != cudaSuccess)
             return w4a16_fail(W4A16_ERR_CUDA, "w4a16_gemm_plan: occupancy of the %s kernel: %s",
                               w4a16_kernel_kind_name(a.plan.kind), cudaGetErrorString((cudaError_t)e));

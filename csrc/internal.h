@@ -51,6 +51,9 @@ typedef struct w4a16_profile {
     int rows64_min_fill; /* > 0: where no wgmma tile runs, the MoE kernel's 64 x 256 tile (W4A16_KERNEL_ROWS64) when
                             its tiles fill at least this percent of one wave of its block slots ... */
     int rows64_min_wave_fill; /* ... and this percent of all the waves they take */
+    int rows32_max_k; /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
+                         mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
+                         at least half of one */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
@@ -139,8 +142,9 @@ W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, in
 /* Pipeline depth of a MoE GEMM tile (W4A16_MOE_TILE_*) on a device's profile (csrc/moe.c): 4 stages on Hopper-class
  * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two. */
 W4A16_HIDDEN int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout);
-/* A dense GEMM on the MoE kernel's 64-row tile (W4A16_KERNEL_ROWS64 plans, csrc/moe.c): the resident blocks per SM
- * the device gives it (its shared memory and carveout set as the launch sets them), and the launch; cudaError_t. */
+/* A dense GEMM on the MoE kernel's 64- or 32-row tile (W4A16_KERNEL_ROWS64 / ROWS32 plans, csrc/moe.c): the resident
+ * blocks per SM the device gives it (its shared memory and carveout set as the launch sets them), and the launch;
+ * cudaError_t. */
 W4A16_HIDDEN int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *a, int *blocks_per_sm);
 W4A16_HIDDEN int w4a16_moe_dense_launch(const w4a16_gemm_launch *a);
 

@@ -152,10 +152,12 @@ static int moe_blocks_per_sm(const w4a16_device_state *st, int device, const w4a
     return occ < by_smem ? occ : by_smem;
 }
 
-/* The MoE launch of a dense GEMM plan (W4A16_KERNEL_ROWS64): the 64-row tile on the identity routing (no routing
- * buffers: row i of A and C is pair i of routing block i / 64, all of expert 0), channel tiles fastest. */
+/* The MoE launch of a dense GEMM plan (W4A16_KERNEL_ROWS64 / ROWS32): the 64- or 32-row tile on the identity routing
+ * (no routing buffers: row i of A and C is pair i of routing block i / rows, all of expert 0), channel tiles fastest.
+ */
 static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
     const w4a16_gemm_args *x = &g->args;
+    const int rows = W4A16_KERNEL_ROWS(g->plan.kind);
     *a = (w4a16_moe_launch){
         .A = x->A,
         .B = x->B,
@@ -163,9 +165,9 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .zeros = x->zeros,
         .bias = x->bias,
         .C = x->C,
-        .sorted_capacity = g->plan.grid[0] * 64,
+        .sorted_capacity = g->plan.grid[0] * rows,
         .grid_blocks = g->plan.grid[0],
-        .block_size = 64,
+        .block_size = rows,
         .M = x->M,
         .top_k = 1,
         .num_experts = 1,
@@ -177,7 +179,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .layout = g->layout,
         .stages = g->plan.stages,
         .carveout = g->plan.carveout,
-        .tile = W4A16_MOE_TILE_64,
+        .tile = rows == 64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32,
         .splits = 1,
         .n_fast = g->plan.grid[0] <= 65535,
         .stream = g->stream,

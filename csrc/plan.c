@@ -131,6 +131,34 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
+/* Else the MoE kernel's 32 x 128 tile (4 warps: 2 channel groups x a 2-way K split, each B fragment feeding two m16
+ * tiles, three blocks per SM), for K at most rows32_max_k:
+ * - in the mid2 regime (M 65-256) where its tiles fit one wave of its block slots: there the dense plans run few
+ *   64 x 256 or 128 x 256 tiles and share their k-tiles among the idle slots (stream-K), which measured slower than
+ *   8x as many whole 32 x 128 tiles (0.71-0.96x the time under sm120 on the H100); past that K the stream-K split pays
+ *   (llama3-8b.down, K = 14336: 1.22x);
+ * - in the mid32 regime (M 17-32, the 32 x 256 tile with one block per SM) where its tiles fill at least half of its
+ *   slots (wide layers: 0.70 / 0.82x there, 1.25-2.7x on layers with 80 tiles or fewer) (docs/PERFORMANCE.md "v25"). */
+static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    const int mid2 = M > p->mid_max_m && M <= p->mid2_max_m, mid32 = M > p->small_max_m && M <= p->mid32_max_m;
+    if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32)) return 0;
+    const int stages = w4a16_moe_stages(st, W4A16_MOE_TILE_32, layout);
+    const int smem = w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, layout, stages);
+    if ((size_t)smem > st->smem_optin) return 0;
+    const int per_sm = tile_blocks_per_sm(st, smem, 3); /* its register budget: three blocks per SM */
+    const long long tiles = (long long)cdiv(M, 32) * cdiv(N, 128), slots = (long long)st->sm_count * per_sm;
+    if (mid2 ? tiles > slots : tiles * 2 < slots) return 0;
+    pl->kind = W4A16_KERNEL_ROWS32;
+    pl->stages = stages;
+    pl->threads = W4A16_MOE_THREADS;
+    pl->smem_bytes = smem;
+    pl->blocks_per_sm = per_sm;
+    pl->grid[0] = cdiv(M, 32);
+    pl->grid[1] = cdiv(N, 128);
+    return 1;
+}
+
 /* Whether `tiles` tiles of config c, K deep, run unshared where stream-K would share them if c's tiles could straddle
  * blocks: tiles that split K among their warps (WK > 1) never do (see w4a16_plan_gemm), so with more than half a wave
  * and a last wave under the fill threshold they keep SMs idle. Only asked where the alternative config `other`
@@ -196,7 +224,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    if (plan_rows64(st, layout, M, N, K, pl)) return W4A16_OK;
+    if (plan_rows64(st, layout, M, N, K, pl) || plan_rows32(st, layout, M, N, K, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
@@ -263,10 +291,11 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
-    else if (pl->kind == W4A16_KERNEL_ROWS64)
+    else if (W4A16_KERNEL_ROWS(pl->kind))
         n = snprintf(buf, size,
-                     "rows-64 (the MoE kernel's 64 x 256 tile, %d stages, identity routing), grid %dx%d, %d threads, "
+                     "%s (the MoE kernel's %s tile, %d stages, identity routing), grid %dx%d, %d threads, "
                      "%d bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
                      pl->stages, pl->grid[0], pl->grid[1], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else if (pl->kind == W4A16_KERNEL_MMA)

@@ -36,10 +36,13 @@ typedef struct w4a16_gemm_args {
 
 /* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
  * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), the staged path (dequantise, then dense wgmma), or the
- * MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu) on the identity routing (csrc/moe.c launches it). */
+ * MoE grouped GEMM's 64 x 256 or 32 x 128 tile (kernels/moe.cu) on the identity routing (csrc/moe.c launches them). */
 #define W4A16_KERNEL_KINDS(X)                                                                                          \
     X(DECODE8, "decode-8")                                                                                             \
-    X(DECODE16, "decode-16") X(MMA, "mma.sync") X(WGMMA, "wgmma") X(STAGED, "staged") X(ROWS64, "rows-64")
+    X(DECODE16, "decode-16")                                                                                           \
+    X(MMA, "mma.sync") X(WGMMA, "wgmma") X(STAGED, "staged") X(ROWS64, "rows-64") X(ROWS32, "rows-32")
+/* The MoE tile rows of a rows-64 / rows-32 plan, 0 for the other kinds. */
+#define W4A16_KERNEL_ROWS(kind) ((kind) == W4A16_KERNEL_ROWS64 ? 64 : (kind) == W4A16_KERNEL_ROWS32 ? 32 : 0)
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)

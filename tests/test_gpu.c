@@ -539,43 +539,50 @@ static void test_forced_profiles(void **state) {
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
 }
 
-/* Dense GEMMs on the MoE kernel's 64 x 256 tile (plan "rows-64"): under every forced profile that plans it, a layer
- * wide enough for its tiles to fill a wave of this GPU's block slots, M not a multiple of 64 (a partial row block),
- * both paths, both dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
-static void test_rows64(void **state) {
+/* Dense GEMMs on the MoE kernel's tiles: under every forced profile that plans them, "rows-64" (64 x 256) on a layer
+ * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and "rows-32" (32 x 128) on a narrow
+ * one at M = 200 (mid2 M, few tiles); M not a multiple of the tile's rows (a partial row block), both paths, both
+ * dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
+static void test_rows_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
     const char *const *names = w4a16_profile_names();
-    const int M = 1000, K = quick ? 256 : 1024, N = 256 * ((2 * sm_count * 85 / 100) / 16 + 1);
-    int planned = 0;
-    for (int p = 0; names[p]; p++) {
-        w4a16_status s = w4a16_force_profile(names[p]);
-        if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
-        assert_int_equal(s, W4A16_OK);
-        w4a16_gemm_plan_info pi;
-        W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
-        if (strcmp(pi.kernel, "rows-64") != 0) {
+    const int K = quick ? 256 : 1024;
+    const struct {
+        const char *kernel;
+        int M, N;
+    } shapes[] = {{"rows-64", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1)},
+                  {"rows-32", 200, 1024},
+                  {"rows-32", 24, 128 * ((3 * sm_count + 1) / 2)}};
+    for (int sh = 0; sh < 3; sh++) {
+        const int M = shapes[sh].M, N = shapes[sh].N;
+        int planned = 0;
+        for (int p = 0; names[p]; p++) {
+            w4a16_status s = w4a16_force_profile(names[p]);
+            if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
+            assert_int_equal(s, W4A16_OK);
+            w4a16_gemm_plan_info pi;
+            W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
             printf("  profile %-5s M=%d N=%d: %s\n", names[p], M, N, pi.text);
-            continue;
+            if (strcmp(pi.kernel, shapes[sh].kernel) != 0) continue;
+            planned++;
+            stats st = {0};
+            for (int d = 0; d < 2; d++)
+                for (int g = 0; g < 4; g++) {
+                    if (quick && g % 2) continue;
+                    gpu_layer L;
+                    gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed); /* G = 128: symmetric GPTQ */
+                    if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, &st);
+                    check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, &st);
+                    gpu_layer_free(&L);
+                }
+            char what[64];
+            snprintf(what, sizeof what, "%s under profile %s", shapes[sh].kernel, names[p]);
+            stats_print(what, &st);
         }
-        planned++;
-        printf("  profile %-5s M=%d N=%d: %s\n", names[p], M, N, pi.text);
-        stats st = {0};
-        for (int d = 0; d < 2; d++)
-            for (int g = 0; g < 4; g++) {
-                if (quick && g % 2) continue;
-                gpu_layer L;
-                gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed); /* G = 128: symmetric GPTQ */
-                if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, &st);
-                check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, &st);
-                gpu_layer_free(&L);
-            }
-        char what[64];
-        snprintf(what, sizeof what, "rows-64 under profile %s", names[p]);
-        stats_print(what, &st);
+        assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+        if (planned == 0) fail_msg("no profile planned %s for M=%d N=%d K=%d", shapes[sh].kernel, M, N, K);
     }
-    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
-    assert_true(planned > 0); /* the sm120 profile plans it on any GPU it fits */
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
@@ -1191,7 +1198,7 @@ int main(void) {
         cmocka_unit_test(test_act_order_gptq),
         cmocka_unit_test(test_act_order_shard),
         cmocka_unit_test(test_forced_profiles),
-        cmocka_unit_test(test_rows64),
+        cmocka_unit_test(test_rows_tiles),
         cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),

@@ -62,7 +62,7 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64"};
+    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64", "rows32"};
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -71,8 +71,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     else if (pl.kind == W4A16_KERNEL_WGMMA)
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
                  pl.grid[2]);
-    else if (pl.kind == W4A16_KERNEL_ROWS64)
-        snprintf(what, sizeof what, "rows64 st=%d grid=%d,%d smem=%d", pl.stages, pl.grid[0], pl.grid[1],
+    else if (W4A16_KERNEL_ROWS(pl.kind))
+        snprintf(what, sizeof what, "%s st=%d grid=%d,%d smem=%d", kinds[pl.kind], pl.stages, pl.grid[0], pl.grid[1],
                  pl.smem_bytes);
     else if (pl.kind == W4A16_KERNEL_MMA)
         snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
@@ -282,7 +282,22 @@ static void test_plan_invariants(void **state) {
                                 continue;
                             }
                             int bm, bn, bk, minb;
-                            if (pl.kind == W4A16_KERNEL_ROWS64) {
+                            if (pl.kind == W4A16_KERNEL_ROWS32) {
+                                /* the MoE kernel's 32 x 128 tile, K whole and short: mid2 M in one wave at most, mid32
+                                 * M filling half a wave at least */
+                                assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
+                                const int mid2 = M > st.profile->mid_max_m && M <= st.profile->mid2_max_m;
+                                assert_true(mid2 || (M > st.profile->small_max_m && M <= st.profile->mid32_max_m));
+                                assert_true(K % 64 == 0 && K <= st.profile->rows32_max_k);
+                                bm = 32, bn = 128, bk = 64, minb = 3;
+                                assert_int_equal(pl.threads, W4A16_MOE_THREADS);
+                                assert_int_equal(pl.smem_bytes,
+                                                 w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, layout, pl.stages));
+                                assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
+                                const long long t = (long long)pl.grid[0] * pl.grid[1],
+                                                slots = (long long)st.sm_count * pl.blocks_per_sm;
+                                assert_true(mid2 ? t <= slots : t * 2 >= slots);
+                            } else if (pl.kind == W4A16_KERNEL_ROWS64) {
                                 /* the MoE kernel's 64 x 256 tile, never where a wgmma tile runs, K whole */
                                 assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
                                 assert_true(st.profile->rows64_min_fill > 0 && K % 64 == 0);
@@ -549,45 +564,60 @@ static void test_moe_stages(void **state) {
     }
 }
 
-/* By hand: the MoE kernel's 64 x 256 tile for dense GEMMs (W4A16_KERNEL_ROWS64), Marlin fp16, small workspace. Its
- * shared memory (test_moe_stages): 52992 bytes with 3 stages, 35328 with 2; on a 100 KB SM two blocks fit only with 2
- * stages, on a 164 KB SM three fit with 3 (counted as 2, its register budget). It runs where its tiles fill at least
- * 85% of SMs x 2 slots (the same layer takes it on the H100's 132 SMs but not on an RTX 5090's 170) and 70% of the
- * waves they take. */
-static void test_hand_checked_rows64(void **state) {
+/* By hand: the MoE kernel's tiles for dense GEMMs, Marlin fp16, small workspace. The 64 x 256 tile
+ * (W4A16_KERNEL_ROWS64; shared memory from test_moe_stages: 52992 bytes with 3 stages, 35328 with 2; on a 100 KB SM two
+ * blocks fit only with 2 stages, on a 164 KB SM three fit with 3, counted as 2, its register budget) runs where its
+ * tiles fill at least 85% of SMs x 2 slots (the same layer takes it on the H100's 132 SMs but not on an RTX 5090's 170)
+ * and 70% of the waves they take. Else, for K <= 8192, the 32 x 128 tile (W4A16_KERNEL_ROWS32: 32768 bytes, the warps'
+ * reduction buffer, at 3 stages; 3 blocks per SM): at M 65-256 where its tiles fit SMs x 3 slots, at M 17-32 (100 KB
+ * profiles) where they fill at least half of them. */
+static void test_hand_checked_rows(void **state) {
     (void)state;
     const struct {
         const char *name, *profile;
         int sms, smem_block, wgmma;
         const char *forced;
-        int M, N, K, rows64, stages, smem;
+        int M, N, K, rows, stages, smem, per_sm;
     } c[] = {
         /* 8 x 40 = 320 tiles >= 0.85 x 216 */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 1, 3, 52992},
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2},
         /* 16 x 16 = 256 tiles >= 0.85 x 264 on 132 SMs ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 1, 2, 35328},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2},
         /* ... < 0.85 x 340 on 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0},
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 1, 2, 35328},
-        /* 2 x 112 = 224 < 0.85 x 340 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0, 0},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2},
+        /* 2 x 112 = 224 < 0.85 x 340; 4 x 224 = 896 32-row tiles > 3 x 170 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0, 0},
         /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0, 0},
         /* 16 x 40 = 640: three waves, 81% */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 1, 2, 35328},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2},
+        /* 4 x 32 = 128 32-row tiles <= 3 x 132 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3},
+        /* the same tiles, K past 8192 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 0, 0, 0, 0},
+        /* 8 x 48 = 384 <= 3 x 170 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 32, 3, 32768, 3},
+        /* 8 x 80 = 640 > 3 x 132 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 0, 0, 0, 0},
+        /* M 17-32: 1 x 224 = 224 >= 3 x 132 / 2 ... */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3},
+        /* ... 1 x 48 = 48 are not */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0},
         /* the H100's own profile runs wgmma there */
-        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0},
+        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0},
+        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
                                              c[i].forced, c[i].M, c[i].N, c[i].K);
-        assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, c[i].rows64);
-        if (!c[i].rows64) continue;
+        assert_int_equal(W4A16_KERNEL_ROWS(pl.kind), c[i].rows);
+        if (!c[i].rows) continue;
         assert_int_equal(pl.stages, c[i].stages);
         assert_int_equal(pl.smem_bytes, c[i].smem);
-        assert_int_equal(pl.blocks_per_sm, 2);
-        assert_int_equal(pl.grid[0], c[i].M / 64);
-        assert_int_equal(pl.grid[1], c[i].N / 256);
+        assert_int_equal(pl.blocks_per_sm, c[i].per_sm);
+        assert_int_equal(pl.grid[0], c[i].M / c[i].rows);
+        assert_int_equal(pl.grid[1], c[i].N / (c[i].rows == 64 ? 256 : 128));
     }
 }
 
@@ -598,7 +628,7 @@ int main(void) {
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
         cmocka_unit_test(test_hand_checked_stream_k),
-        cmocka_unit_test(test_hand_checked_rows64),
+        cmocka_unit_test(test_hand_checked_rows),
         cmocka_unit_test(test_forced_profile_while_planning),
         cmocka_unit_test(test_moe_stages),
     };
