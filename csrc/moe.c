@@ -121,7 +121,7 @@ static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
  * *occupancy: its resident blocks per SM. Returns the cudaError_t. */
 static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
     const int tile = a->tile;
-    if (tile != W4A16_MOE_TILE_16x64) split = 0;
+    if (tile != W4A16_MOE_TILE_16x64 && tile != W4A16_MOE_TILE_32) split = 0; /* the tiles with a splitting kernel */
     const int smem = w4a16_moe_smem_bytes(tile, a->layout, a->stages);
     int err = cudaSuccess;
     *occupancy = 0;
@@ -180,8 +180,10 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .stages = g->plan.stages,
         .carveout = g->plan.carveout,
         .tile = rows == 64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32,
-        .splits = 1,
+        .splits = g->plan.splits,
         .n_fast = g->plan.grid[0] <= 65535,
+        .counters = x->counters, /* the dense workspace's counters and partial sums (rows-32 K splits) */
+        .partials = x->partials,
         .stream = g->stream,
     };
 }
@@ -193,7 +195,7 @@ int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *g, int *blocks_per_sm) {
     *blocks_per_sm = 0;
     if (w4a16_current_device(&device, &st) != W4A16_OK) return cudaErrorInvalidDevice;
     moe_dense_of(g, &a);
-    return moe_prepare(device, &a, 0, blocks_per_sm);
+    return moe_prepare(device, &a, a.splits > 1, blocks_per_sm);
 }
 
 int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {

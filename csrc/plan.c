@@ -139,7 +139,8 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
  *   (llama3-8b.down, K = 14336: 1.22x);
  * - in the mid32 regime (M 17-32, the 32 x 256 tile with one block per SM) where its tiles fill at least half of its
  *   slots (wide layers: 0.70 / 0.82x there, 1.25-2.7x on layers with 80 tiles or fewer) (docs/PERFORMANCE.md "v25"). */
-static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
+static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                       w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     const int mid2 = M > p->mid_max_m && M <= p->mid2_max_m, mid32 = M > p->small_max_m && M <= p->mid32_max_m;
     if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32)) return 0;
@@ -156,6 +157,10 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     pl->blocks_per_sm = per_sm;
     pl->grid[0] = cdiv(M, 32);
     pl->grid[1] = cdiv(N, 128);
+    /* K split across blocks (the MoE kernel's, through the dense workspace) where the tiles leave half the slots idle,
+     * each split at least 640 k, as the MoE plans split their 16 x 64 tile */
+    if (workspace_bytes > 0) pl->splits = w4a16_choose_splits(per_sm, (int)tiles, cdiv(K, 64), st->sm_count, 10);
+    pl->grid[2] = pl->splits;
     return 1;
 }
 
@@ -224,7 +229,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    if (plan_rows64(st, layout, M, N, K, pl) || plan_rows32(st, layout, M, N, K, pl)) return W4A16_OK;
+    if (plan_rows64(st, layout, M, N, K, pl) || plan_rows32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);

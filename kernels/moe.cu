@@ -660,7 +660,7 @@ template <typename T, int LAYOUT, int TILE>
 void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
     constexpr int MT = Cfg<TILE>::MT, WN = Cfg<TILE>::WN, KS = Cfg<TILE>::KS;
     *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
-    if constexpr (TILE == W4A16_MOE_TILE_16x64)
+    if constexpr (TILE == W4A16_MOE_TILE_16x64 || TILE == W4A16_MOE_TILE_32)
         if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
     *smem = TileOf<LAYOUT, TILE>::smem(a.stages);
 }

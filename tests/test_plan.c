@@ -72,8 +72,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
                  pl.grid[2]);
     else if (W4A16_KERNEL_ROWS(pl.kind))
-        snprintf(what, sizeof what, "%s st=%d grid=%d,%d smem=%d", kinds[pl.kind], pl.stages, pl.grid[0], pl.grid[1],
-                 pl.smem_bytes);
+        snprintf(what, sizeof what, "%s st=%d splits=%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages, pl.splits,
+                 pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
     else if (pl.kind == W4A16_KERNEL_MMA)
         snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
                  pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.smem_bytes);
@@ -577,36 +577,36 @@ static void test_hand_checked_rows(void **state) {
         const char *name, *profile;
         int sms, smem_block, wgmma;
         const char *forced;
-        int M, N, K, rows, stages, smem, per_sm;
+        int M, N, K, rows, stages, smem, per_sm, splits;
     } c[] = {
         /* 8 x 40 = 320 tiles >= 0.85 x 216 */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2},
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2, 1},
         /* 16 x 16 = 256 tiles >= 0.85 x 264 on 132 SMs ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2, 1},
         /* ... < 0.85 x 340 on 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0, 0},
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0, 0, 1},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2, 1},
         /* 2 x 112 = 224 < 0.85 x 340; 4 x 224 = 896 32-row tiles > 3 x 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0, 0},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0, 0, 1},
         /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0, 0, 1},
         /* 16 x 40 = 640: three waves, 81% */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2},
-        /* 4 x 32 = 128 32-row tiles <= 3 x 132 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2, 1},
+        /* 4 x 32 = 128 32-row tiles <= 3 x 132, under half of them: K split 3 ways (396 / 128; 64 k-tiles) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3, 3},
         /* the same tiles, K past 8192 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 0, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 0, 0, 0, 0, 1},
         /* 8 x 48 = 384 <= 3 x 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 32, 3, 32768, 3},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 32, 3, 32768, 3, 1},
         /* 8 x 80 = 640 > 3 x 132 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 0, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 0, 0, 0, 0, 1},
         /* M 17-32: 1 x 224 = 224 >= 3 x 132 / 2 ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1},
         /* ... 1 x 48 = 48 are not */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1},
         /* the H100's own profile runs wgmma there */
-        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0},
-        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0},
+        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1},
+        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
@@ -618,6 +618,8 @@ static void test_hand_checked_rows(void **state) {
         assert_int_equal(pl.blocks_per_sm, c[i].per_sm);
         assert_int_equal(pl.grid[0], c[i].M / c[i].rows);
         assert_int_equal(pl.grid[1], c[i].N / (c[i].rows == 64 ? 256 : 128));
+        assert_int_equal(pl.splits, c[i].splits);
+        assert_int_equal(pl.grid[2], c[i].splits);
     }
 }
 
