@@ -592,7 +592,9 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
             for (int sl = 0; sl < NSL; sl++)
                 if (live[sl]) __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32, out[sl]);
-            __shared__ int s_last;
+            // the last-arrival flag lives in s_src[0] (read only while the copy plans were built): a static variable of
+            // its own took the split kernel of the 32-row tile past three blocks per 100 KB SM
+            int &s_last = s_src[0];
             __threadfence(); // the sums are visible device-wide before the counter says so
             __syncthreads();
             if (tid == 0) {
