@@ -53,7 +53,7 @@ typedef struct w4a16_profile {
     int rows64_min_wave_fill; /* ... and this percent of all the waves they take */
     int rows32_max_k; /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                          mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
-                         at least half of one */
+                         at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

@@ -138,18 +138,23 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
  *   8x as many whole 32 x 128 tiles (0.71-0.96x the time under sm120 on the H100); past that K the stream-K split pays
  *   (llama3-8b.down, K = 14336: 1.22x);
  * - in the mid32 regime (M 17-32, the 32 x 256 tile with one block per SM) where its tiles fill at least half of its
- *   slots (wide layers: 0.70 / 0.82x there, 1.25-2.7x on layers with 80 tiles or fewer) (docs/PERFORMANCE.md "v25"). */
+ *   slots (wide layers: 0.70 / 0.82x there, 1.25-2.7x on layers with 80 tiles or fewer);
+ * - in the AWQ layout also at M 17-64 wherever its tiles fit one wave: the dense AWQ tiles are the slower layout there
+ *   (1.08-1.11x the Marlin path's time), and the MoE kernel's AWQ path took 0.80-0.95x their time on the narrow layers,
+ *   where in the Marlin layout it lost 13-24% (docs/PERFORMANCE.md "v25"). */
 static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                        w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     const int mid2 = M > p->mid_max_m && M <= p->mid2_max_m, mid32 = M > p->small_max_m && M <= p->mid32_max_m;
-    if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32)) return 0;
+    const int awq = layout == W4A16_LAYOUT_AWQ && M > p->small_max_m && M <= p->mid2_max_m;
+    if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32 || awq)) return 0;
     const int stages = w4a16_moe_stages(st, W4A16_MOE_TILE_32, layout);
     const int smem = w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, layout, stages);
     if ((size_t)smem > st->smem_optin) return 0;
     const int per_sm = tile_blocks_per_sm(st, smem, 3); /* its register budget: three blocks per SM */
     const long long tiles = (long long)cdiv(M, 32) * cdiv(N, 128), slots = (long long)st->sm_count * per_sm;
-    if (mid2 ? tiles > slots : tiles * 2 < slots) return 0;
+    const int fits = tiles <= slots, half = tiles * 2 >= slots;
+    if (!(mid32 ? half || (awq && fits) : fits)) return 0;
     pl->kind = W4A16_KERNEL_ROWS32;
     pl->stages = stages;
     pl->threads = W4A16_MOE_THREADS;
