@@ -122,6 +122,7 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     const long long waves = (tiles + slots - 1) / slots;
     if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) return 0;
     pl->kind = W4A16_KERNEL_ROWS64;
+    pl->cfg = 64;
     pl->stages = stages;
     pl->threads = W4A16_MOE_THREADS;
     pl->smem_bytes = smem;
@@ -156,6 +157,7 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     const int fits = tiles <= slots, half = tiles * 2 >= slots;
     if (!(mid32 ? half || (awq && fits) : fits)) return 0;
     pl->kind = W4A16_KERNEL_ROWS32;
+    pl->cfg = 32;
     pl->stages = stages;
     pl->threads = W4A16_MOE_THREADS;
     pl->smem_bytes = smem;
@@ -303,11 +305,11 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      pl->blocks_per_sm > 1 ? "s" : "");
     else if (W4A16_KERNEL_ROWS(pl->kind))
         n = snprintf(buf, size,
-                     "%s (the MoE kernel's %s tile, %d stages, identity routing), grid %dx%d, %d threads, "
-                     "%d bytes shared, %d block%s/SM",
+                     "%s (the MoE kernel's %s tile, %d stages, identity routing), %d K split%s, grid %dx%dx%d, "
+                     "%d threads, %d bytes shared, %d block%s/SM",
                      w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
-                     pl->stages, pl->grid[0], pl->grid[1], pl->threads, pl->smem_bytes, pl->blocks_per_sm,
-                     pl->blocks_per_sm > 1 ? "s" : "");
+                     pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2],
+                     pl->threads, pl->smem_bytes, pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
     else if (pl->kind == W4A16_KERNEL_MMA)
         n = snprintf(buf, size,
                      "%s config %d (%s, %d stages), stream-K %d blocks over %d tiles, grid %d, %d threads, "

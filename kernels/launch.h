@@ -51,13 +51,13 @@ typedef enum w4a16_kernel_kind {
 
 /* One GEMM call's launch, decided once on the host (csrc/plan.c); the kernels follow it without deciding again. */
 typedef struct w4a16_plan {
-    int kind;          /* w4a16_kernel_kind */
-    int cfg;           /* W4A16_GEMM_CONFIGS id (decode / mma.sync kinds) or W4A16_WGMMA_CONFIGS id (wgmma) */
-    int stages;        /* pipeline stages (mma.sync kinds; a wgmma config has its own) */
-    int splits;        /* K splits across blocks (grid z) */
-    int grid[3];       /* blocks along M, N, K splits; staged: the dense GEMM's blocks for a full slab */
-    int threads;       /* threads per block */
-    int smem_bytes;    /* dynamic shared memory per block (mma.sync kinds; 0: the wgmma config's own) */
+    int kind;       /* w4a16_kernel_kind */
+    int cfg;        /* W4A16_GEMM_CONFIGS id (decode / mma.sync kinds), W4A16_WGMMA_CONFIGS id (wgmma), rows (rows-*) */
+    int stages;     /* pipeline stages (mma.sync kinds; a wgmma config has its own) */
+    int splits;     /* K splits across blocks (grid z) */
+    int grid[3];    /* blocks along M, N, K splits; staged: the dense GEMM's blocks for a full slab */
+    int threads;    /* threads per block */
+    int smem_bytes; /* dynamic shared memory per block (mma.sync kinds; 0: the wgmma config's own) */
     int blocks_per_sm; /* resident blocks per SM the K split was sized for */
     int slab_channels; /* staged: channels dequantised per slab */
     int carveout;      /* shared-memory carveout (percent) that emulates a smaller SM, or -1 (the device's own) */

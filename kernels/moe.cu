@@ -11,8 +11,9 @@
 // their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
 // which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1, 16 x 64 tile only): where the routing blocks x channel tiles leave most of the
-// GPU's block slots empty (decode: T x top_k pairs in a few routing blocks), each tile's k-tiles are divided among
+// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32-row tile for the dense rows-32 plans):
+// where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
+// routing blocks), each tile's k-tiles are divided among
 // gridDim.z blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an
 // atomic counter per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits
 // on every run whichever block arrives last.
@@ -657,7 +658,7 @@ W4A16_MOE_CFG_(W4A16_MOE_TILE_64, 4, 4, 4)
 
 template <int LAYOUT, int TILE> using TileOf = Tile<LAYOUT, Cfg<TILE>::MT, Cfg<TILE>::WN, Cfg<TILE>::KS>;
 
-// The kernel of a launch (the K-splitting one where `split`, 16 x 64 tile only) and its dynamic shared memory.
+// The kernel of a launch (the K-splitting one where `split`: 16 x 64 and 32-row tiles) and its dynamic shared memory.
 template <typename T, int LAYOUT, int TILE>
 void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
     constexpr int MT = Cfg<TILE>::MT, WN = Cfg<TILE>::WN, KS = Cfg<TILE>::KS;

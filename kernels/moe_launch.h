@@ -30,7 +30,7 @@ typedef struct w4a16_moe_launch {
     int dtype, layout, stages;
     int carveout;   /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
     int tile;       /* W4A16_MOE_TILE_*, holding block_size rows */
-    int splits;     /* K split across gridDim.z blocks (W4A16_MOE_TILE_16x64 only); 1: no split */
+    int splits;     /* K split across gridDim.z blocks (tiles 16x64 and 32; MoE plans split only 16x64); 1: none */
     int n_fast;     /* grid x = channel tiles, y = routing blocks (else the other way round) */
     int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
     void *partials; /* workspace: splits x 16 x BN fp32 sums per tile */
@@ -41,12 +41,13 @@ typedef struct w4a16_moe_launch {
  * tile, layout, dtype, split, stages and carveout. */
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
 /* Sets the dynamic shared memory and carveout attributes of the launch's kernel (the K-splitting one where `split`,
- * tile W4A16_MOE_TILE_16x64) on the current device, as its launch needs them, and gives the resident blocks per SM
- * the device allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached). */
+ * tiles W4A16_MOE_TILE_16x64 and _32) on the current device, as its launch needs them, and gives the resident blocks
+ * per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached).
+ */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
 /* The GEMM tiles (rows x channels per block, k per pipeline stage); csrc/moe.c picks one per call. */
 enum {
-    W4A16_MOE_TILE_16x64 = 0,  /* 16 x 64, 128 k: the 4 warps split each stage's k; the only one that splits K */
+    W4A16_MOE_TILE_16x64 = 0,  /* 16 x 64, 128 k: the 4 warps split each stage's k; the one MoE plans split K for */
     W4A16_MOE_TILE_16x128 = 1, /* 16 x 128, 64 k: 2 channel groups x 2-way K split */
     W4A16_MOE_TILE_16x256 = 2, /* 16 x 256, 64 k: each warp its 64 channels over whole stages */
     W4A16_MOE_TILE_32 = 3,     /* 32 x 128, 64 k */

@@ -547,15 +547,14 @@ static void test_rows_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
     const char *const *names = w4a16_profile_names();
-    const int K = quick ? 256 : 1024;
     const struct {
         const char *kernel;
-        int M, N;
-    } shapes[] = {{"rows-64", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1)},
-                  {"rows-32", 200, 1024},
-                  {"rows-32", 24, 128 * ((3 * sm_count + 1) / 2)}};
+        int M, N, K, split; /* split: the plan must split K */
+    } shapes[] = {{"rows-64", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
+                  {"rows-32", 200, 1024, quick ? 1280 : 4096, 1},
+                  {"rows-32", 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
     for (int sh = 0; sh < 3; sh++) {
-        const int M = shapes[sh].M, N = shapes[sh].N;
+        const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         int planned = 0;
         for (int p = 0; names[p]; p++) {
             w4a16_status s = w4a16_force_profile(names[p]);
@@ -565,6 +564,7 @@ static void test_rows_tiles(void **state) {
             W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
             printf("  profile %-5s M=%d N=%d: %s\n", names[p], M, N, pi.text);
             if (strcmp(pi.kernel, shapes[sh].kernel) != 0) continue;
+            if (shapes[sh].split && pi.splits < 2) fail_msg("profile %s: %s did not split K", names[p], pi.text);
             planned++;
             stats st = {0};
             for (int d = 0; d < 2; d++)
