@@ -109,26 +109,35 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
  * they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles (stream-K) on such
  * layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers whose few tiles the
  * dense kernels split along K (docs/PERFORMANCE.md "v24"). */
+/* The plan of MoE tile `tile` (W4A16_MOE_TILE_64 or _32) over M x N, its register budget allowing minb blocks per SM;
+ * returns its blocks per SM, 0 when its shared memory does not fit a block. */
+static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
+    const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
+    const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
+    if ((size_t)smem > st->smem_optin) return 0;
+    pl->kind = rows == 64 ? W4A16_KERNEL_ROWS64 : W4A16_KERNEL_ROWS32;
+    pl->cfg = rows;
+    pl->stages = stages;
+    pl->threads = W4A16_MOE_THREADS;
+    pl->smem_bytes = smem;
+    pl->blocks_per_sm = tile_blocks_per_sm(st, smem, minb);
+    pl->grid[0] = cdiv(M, rows);
+    pl->grid[1] = cdiv(N, w4a16_moe_tile_bn(tile));
+    return pl->blocks_per_sm;
+}
+
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
-    const int stages = w4a16_moe_stages(st, W4A16_MOE_TILE_64, layout);
-    const int smem = w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, layout, stages);
-    if ((size_t)smem > st->smem_optin) return 0;
-    const int per_sm = tile_blocks_per_sm(st, smem, 2); /* kernels/moe.cu's tests hold it at two blocks per SM */
-    const long long tiles = (long long)cdiv(M, 64) * cdiv(N, 256), slots = (long long)st->sm_count * per_sm;
+    w4a16_plan c = *pl;
+    const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_64, 2, M, N, &c); /* moe.cu's tests hold it at 2 per SM */
+    if (!per_sm) return 0;
+    const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
     /* it has no stream-K: a last wave nearly empty costs a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
     if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) return 0;
-    pl->kind = W4A16_KERNEL_ROWS64;
-    pl->cfg = 64;
-    pl->stages = stages;
-    pl->threads = W4A16_MOE_THREADS;
-    pl->smem_bytes = smem;
-    pl->blocks_per_sm = per_sm;
-    pl->grid[0] = cdiv(M, 64);
-    pl->grid[1] = cdiv(N, 256);
+    *pl = c;
     return 1;
 }
 
@@ -149,25 +158,17 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     const int mid2 = M > p->mid_max_m && M <= p->mid2_max_m, mid32 = M > p->small_max_m && M <= p->mid32_max_m;
     const int awq = layout == W4A16_LAYOUT_AWQ && M > p->small_max_m && M <= p->mid2_max_m;
     if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32 || awq)) return 0;
-    const int stages = w4a16_moe_stages(st, W4A16_MOE_TILE_32, layout);
-    const int smem = w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, layout, stages);
-    if ((size_t)smem > st->smem_optin) return 0;
-    const int per_sm = tile_blocks_per_sm(st, smem, 3); /* its register budget: three blocks per SM */
-    const long long tiles = (long long)cdiv(M, 32) * cdiv(N, 128), slots = (long long)st->sm_count * per_sm;
+    w4a16_plan c = *pl;
+    const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_32, 3, M, N, &c); /* its register budget: three per SM */
+    if (!per_sm) return 0;
+    const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
     const int fits = tiles <= slots, half = tiles * 2 >= slots;
     if (!(mid32 ? half || (awq && fits) : fits)) return 0;
-    pl->kind = W4A16_KERNEL_ROWS32;
-    pl->cfg = 32;
-    pl->stages = stages;
-    pl->threads = W4A16_MOE_THREADS;
-    pl->smem_bytes = smem;
-    pl->blocks_per_sm = per_sm;
-    pl->grid[0] = cdiv(M, 32);
-    pl->grid[1] = cdiv(N, 128);
     /* K split across blocks (the MoE kernel's, through the dense workspace) where the tiles leave half the slots idle,
      * each split at least 640 k, as the MoE plans split their 16 x 64 tile */
-    if (workspace_bytes > 0) pl->splits = w4a16_choose_splits(per_sm, (int)tiles, cdiv(K, 64), st->sm_count, 10);
-    pl->grid[2] = pl->splits;
+    if (workspace_bytes > 0) c.splits = w4a16_choose_splits(per_sm, (int)tiles, cdiv(K, 64), st->sm_count, 10);
+    c.grid[2] = c.splits;
+    *pl = c;
     return 1;
 }
 

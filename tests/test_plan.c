@@ -282,40 +282,35 @@ static void test_plan_invariants(void **state) {
                                 continue;
                             }
                             int bm, bn, bk, minb;
-                            if (pl.kind == W4A16_KERNEL_ROWS32) {
-                                /* the MoE kernel's 32 x 128 tile, K whole and short: mid2 M in one wave at most, mid32
-                                 * M filling half a wave at least */
+                            if (W4A16_KERNEL_ROWS(pl.kind)) {
+                                /* the MoE kernel's tiles: never where a wgmma tile runs, K whole */
+                                const int rows = W4A16_KERNEL_ROWS(pl.kind), r64 = rows == 64;
+                                const int tile = r64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32;
                                 assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
-                                const int mid2 = M > st.profile->mid_max_m && M <= st.profile->mid2_max_m;
-                                const int mid32 = M > st.profile->small_max_m && M <= st.profile->mid32_max_m;
-                                const int awq = layout == W4A16_LAYOUT_AWQ && M > st.profile->small_max_m &&
-                                                M <= st.profile->mid2_max_m;
-                                assert_true(mid2 || mid32 || awq);
-                                assert_true(K % 64 == 0 && K <= st.profile->rows32_max_k);
-                                bm = 32, bn = 128, bk = 64, minb = 3;
+                                assert_true(K % 64 == 0 && M > st.profile->small_max_m);
+                                bm = rows, bn = w4a16_moe_tile_bn(tile), bk = 64, minb = r64 ? 2 : 3;
+                                assert_int_equal(pl.cfg, rows);
                                 assert_int_equal(pl.threads, W4A16_MOE_THREADS);
-                                assert_int_equal(pl.smem_bytes,
-                                                 w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, layout, pl.stages));
+                                assert_int_equal(pl.smem_bytes, w4a16_moe_smem_bytes(tile, layout, pl.stages));
                                 assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
                                 const long long t = (long long)pl.grid[0] * pl.grid[1],
                                                 slots = (long long)st.sm_count * pl.blocks_per_sm;
-                                assert_true(mid32 ? t * 2 >= slots || (awq && t <= slots) : t <= slots);
-                            } else if (pl.kind == W4A16_KERNEL_ROWS64) {
-                                /* the MoE kernel's 64 x 256 tile, never where a wgmma tile runs, K whole */
-                                assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
-                                assert_true(st.profile->rows64_min_fill > 0 && K % 64 == 0);
-                                assert_true(M > st.profile->small_max_m && M > st.profile->mid32_max_m);
-                                bm = 64, bn = 256, bk = 64, minb = 2;
-                                assert_int_equal(pl.threads, W4A16_MOE_THREADS);
-                                assert_int_equal(pl.smem_bytes,
-                                                 w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, layout, pl.stages));
-                                assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
-                                /* its tiles fill most of a wave of its slots */
-                                const long long t = (long long)pl.grid[0] * pl.grid[1],
-                                                slots = (long long)st.sm_count * pl.blocks_per_sm;
-                                assert_true(t * 100 >= slots * st.profile->rows64_min_fill);
-                                assert_true(t * 100 >=
-                                            (t + slots - 1) / slots * slots * st.profile->rows64_min_wave_fill);
+                                const int mid32 = M <= st.profile->mid32_max_m;
+                                if (r64) {
+                                    /* past the 32-row regime; its tiles fill most of a wave and of all they take */
+                                    assert_true(st.profile->rows64_min_fill > 0 && !mid32);
+                                    assert_true(t * 100 >= slots * st.profile->rows64_min_fill);
+                                    assert_true(t * 100 >=
+                                                (t + slots - 1) / slots * slots * st.profile->rows64_min_wave_fill);
+                                } else {
+                                    /* short K; mid2 M in one wave at most, mid32 M filling half a wave at least, and
+                                     * the AWQ layout from the mid32 regime on in one wave */
+                                    const int mid2 = M > st.profile->mid_max_m && M <= st.profile->mid2_max_m;
+                                    const int awq = layout == W4A16_LAYOUT_AWQ && M <= st.profile->mid2_max_m;
+                                    assert_true(mid2 || mid32 || awq);
+                                    assert_true(K <= st.profile->rows32_max_k);
+                                    assert_true(mid32 ? t * 2 >= slots || (awq && t <= slots) : t <= slots);
+                                }
                             } else if (pl.kind == W4A16_KERNEL_WGMMA) {
                                 assert_true(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
                                 bm = w4a16_wgmma_tm(pl.cfg), bn = w4a16_wgmma_bn(pl.cfg), bk = 64;
