@@ -121,7 +121,7 @@ static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
  * *occupancy: its resident blocks per SM. Returns the cudaError_t. */
 static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
     const int tile = a->tile;
-    if (tile != W4A16_MOE_TILE_16x64 && tile != W4A16_MOE_TILE_32) split = 0; /* the tiles with a splitting kernel */
+    if (!w4a16_moe_tile_can_split(tile)) split = 0;
     const int smem = w4a16_moe_smem_bytes(tile, a->layout, a->stages);
     int err = cudaSuccess;
     *occupancy = 0;
@@ -188,23 +188,26 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
     };
 }
 
-int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *g, int *blocks_per_sm) {
+/* The MoE launch of a dense plan in *a, its kernel prepared on the current device (once); cudaError_t. */
+static int moe_dense_prepare(const w4a16_gemm_launch *g, w4a16_moe_launch *a, int *blocks_per_sm) {
     int device;
     const w4a16_device_state *st;
-    w4a16_moe_launch a;
     *blocks_per_sm = 0;
     if (w4a16_current_device(&device, &st) != W4A16_OK) return cudaErrorInvalidDevice;
-    moe_dense_of(g, &a);
-    return moe_prepare(device, &a, a.splits > 1, blocks_per_sm);
+    moe_dense_of(g, a);
+    return moe_prepare(device, a, a->splits > 1, blocks_per_sm);
+}
+
+int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *g, int *blocks_per_sm) {
+    w4a16_moe_launch a;
+    return moe_dense_prepare(g, &a, blocks_per_sm);
 }
 
 int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {
-    int occupancy;
-    const int err = w4a16_moe_dense_occupancy(g, &occupancy); /* prepares the kernel on this device, once */
-    if (err != cudaSuccess) return err;
     w4a16_moe_launch a;
-    moe_dense_of(g, &a);
-    return w4a16_launch_moe_gemm(&a);
+    int occupancy;
+    const int err = moe_dense_prepare(g, &a, &occupancy);
+    return err != cudaSuccess ? err : w4a16_launch_moe_gemm(&a);
 }
 
 /* The tile of a 16-row routing block (the routing blocks counted from the buffers' capacity, as for the K split), from

@@ -103,12 +103,6 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
     pl->grid[2] = pl->splits;
 }
 
-/* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
- * K split) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and its tiles
- * fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of the waves
- * they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles (stream-K) on such
- * layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers whose few tiles the
- * dense kernels split along K (docs/PERFORMANCE.md "v24"). */
 /* The plan of MoE tile `tile` (W4A16_MOE_TILE_64 or _32) over M x N, its register budget allowing minb blocks per SM;
  * returns its blocks per SM, 0 when its shared memory does not fit a block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
@@ -126,6 +120,12 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     return pl->blocks_per_sm;
 }
 
+/* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
+ * K split) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and its tiles
+ * fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of the waves
+ * they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles (stream-K) on such
+ * layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers whose few tiles the
+ * dense kernels split along K (docs/PERFORMANCE.md "v24"). */
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */

@@ -13,10 +13,9 @@
 //
 // Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32-row tile for the dense rows-32 plans):
 // where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
-// routing blocks), each tile's k-tiles are divided among
-// gridDim.z blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an
-// atomic counter per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits
-// on every run whichever block arrives last.
+// routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
+// workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
+// sums in split order, so the result is the same bits on every run whichever block arrives last.
 #include "common.cuh"
 #include "configs.h"
 #include "launch.h"
@@ -163,8 +162,8 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     const int blk = n_fast ? blockIdx.y : blockIdx.x, ntile = n_fast ? blockIdx.x : blockIdx.y;
     const int n0 = ntile * BN, bs = p.block_size;
     // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
-    // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them)
-    // no routing buffers: a dense GEMM (W4A16_KERNEL_ROWS64), pair i = row i, every block of expert 0
+    // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them); no routing buffers: a dense
+    // GEMM (the rows-64 / rows-32 plans), pair i = row i, every block of expert 0
     const bool dense = p.sorted_ids == nullptr;
     const int npp = dense ? p.sorted_capacity : *p.num_post_padded, e = dense ? 0 : p.expert_ids[blk];
     int id = -1;
@@ -663,7 +662,7 @@ template <typename T, int LAYOUT, int TILE>
 void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
     constexpr int MT = Cfg<TILE>::MT, WN = Cfg<TILE>::WN, KS = Cfg<TILE>::KS;
     *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
-    if constexpr (TILE == W4A16_MOE_TILE_16x64 || TILE == W4A16_MOE_TILE_32)
+    if constexpr (w4a16_moe_tile_can_split(TILE))
         if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
     *smem = TileOf<LAYOUT, TILE>::smem(a.stages);
 }
