@@ -182,7 +182,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .tile = rows == 64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32,
         .splits = g->plan.splits,
         .n_fast = g->plan.grid[0] <= 65535,
-        .counters = x->counters, /* the dense workspace's counters and partial sums (rows-32 K splits) */
+        .counters = x->counters, /* the dense workspace's counters and partial sums (K splits) */
         .partials = x->partials,
         .stream = g->stream,
     };

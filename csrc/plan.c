@@ -121,12 +121,17 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
- * K split) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and its tiles
- * fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of the waves
- * they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles (stream-K) on such
- * layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers whose few tiles the
- * dense kernels split along K (docs/PERFORMANCE.md "v24"). */
-static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, w4a16_plan *pl) {
+ * K split among them) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and
+ * its tiles fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of
+ * the waves they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles
+ * (stream-K) on such layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers
+ * whose few tiles the dense kernels split along K (docs/PERFORMANCE.md "v24").
+ * With K split in two (at least 10 k-tiles each) where its tiles fill 40-50% of a wave: 0.76-0.95x the time there in
+ * the AWQ layout, 0.94x on the wide layer at M 48-64 in the Marlin layout, but 1.00-1.06x past M = 64 there, where
+ * the dense 128 x 256 tile runs; more splits (3-16, for fewer tiles) took 1.1-2.6x: each split's 64 KB of partial sums
+ * goes through the workspace and one block adds them ("v26"). */
+static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                       w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
@@ -136,7 +141,15 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
     /* it has no stream-K: a last wave nearly empty costs a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
-    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) return 0;
+    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) {
+        /* half a wave or less: two K splits per tile where that fills rows64_split_min_fill percent of the slots (in
+         * the Marlin layout only up to mid_max_m, where its dense tiles are the weaker) */
+        const int marlin_ok = layout != W4A16_LAYOUT_MARLIN || M <= p->mid_max_m;
+        if (!workspace_bytes || p->rows64_split_min_fill <= 0 || !marlin_ok || tiles * 2 > slots ||
+            tiles * 2 * 100 < slots * p->rows64_split_min_fill || cdiv(K, 64) < 2 * 10)
+            return 0;
+        c.splits = c.grid[2] = 2;
+    }
     *pl = c;
     return 1;
 }
@@ -237,7 +250,8 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    if (plan_rows64(st, layout, M, N, K, pl) || plan_rows32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
+    if (plan_rows64(st, layout, M, N, K, workspace_bytes, pl) || plan_rows32(st, layout, M, N, K, workspace_bytes, pl))
+        return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);

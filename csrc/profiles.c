@@ -17,11 +17,11 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * 64-row tile there; 16 on the 100 KB parts, whose 32-row tile takes M 17-32), the deep decode tile when its tiles make
  * fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no
  * wgmma tile runs, the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the
- * waves they take (csrc/plan.c plan_rows64). */
+ * waves they take, or 80% of one wave with K split in two (csrc/plan.c plan_rows64). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
     .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \
     .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4, .rows64_min_fill = 85, .rows64_min_wave_fill = 70,            \
-    .rows32_max_k = 8192
+    .rows64_split_min_fill = 80, .rows32_max_k = 8192
 
 /* Tiles of the parts with 99 KB of shared memory per block (sm_86, 89, 120, 121): the 128-k decode tile also when
  * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 17: the 32 x 256 tile

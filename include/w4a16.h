@@ -196,8 +196,8 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
 /* Options of the *_ex GEMM entry points (bit flags; other bits are rejected with W4A16_ERR_INVALID_VALUE).
  * W4A16_FLAG_REDUCE_IN_DTYPE: when K is split across blocks, round the partial sums to the output dtype before
  * adding them (vLLM's use_fp32_reduce = false): half the workspace traffic, slightly less accurate. The default
- * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-32" (the MoE kernel's tile)
- * always add fp32 partials. */
+ * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-32" and "rows-64" (the MoE
+ * kernel's tiles) always add fp32 partials. */
 #define W4A16_FLAG_REDUCE_IN_DTYPE 1u
 /* W4A16_FLAG_PDL: launch with programmatic dependent launch (compute capability 9.0 and up; ignored below). The
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,

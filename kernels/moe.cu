@@ -11,7 +11,8 @@
 // their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
 // which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32-row tile for the dense rows-32 plans):
+// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32- and 64-row tiles for the dense rows
+// plans):
 // where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
 // routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
 // workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
@@ -136,6 +137,25 @@ __device__ __forceinline__ void cp_async16_l2_128(void *smem, const void *gmem, 
     uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     int n = pred ? 16 : 0;
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+// After a K split's block wrote its sums to the workspace: whether it is the last of the tile's `splits` blocks to
+// arrive (then the counter is reset, leaving the workspace zeroed as it was found, and the other splits' sums are
+// visible to it). `flag` is a shared int no thread reads any more: s_src[0], read only while the copy plans were
+// built, because a static shared variable of its own took the 32-row tile's split kernel past three blocks per
+// 100 KB SM.
+__device__ __forceinline__ bool last_to_arrive(int *counter, int splits, int &flag) {
+    __threadfence(); // the sums are visible device-wide before the counter says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int prev = atomicAdd(counter, 1);
+        flag = prev == splits - 1;
+        if (flag) *counter = 0;
+    }
+    __syncthreads();
+    const bool last = flag != 0;
+    if (last) __threadfence();
+    return last;
 }
 
 // Resident blocks the register allocation must allow (csrc/moe.c counts blocks per SM from the occupancy API): 4 for
@@ -472,6 +492,33 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         *reinterpret_cast<uint4 *>(C + (size_t)dst * N + c0) = make_uint4(w[0], w[1], w[2], w[3]);
     };
     if constexpr (WK == 1) {
+        if constexpr (SPLIT) {
+            // this split's fp32 sums to the workspace as they lie in the registers; the tile's last block to arrive
+            // adds all splits' sums in split order into its accumulators and stores as an unsplit block does
+            constexpr int TILE_F4 = WARPS * MT * 8 * 32;
+            const int tile = ntile * (n_fast ? (int)gridDim.y : (int)gridDim.x) + blk;
+            float4 *all =
+                static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + warp * MT * 8 * 32 + lane;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    __stcg(all + (size_t)blockIdx.z * TILE_F4 + (mt * 8 + j) * 32,
+                           make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+            if (!last_to_arrive(p.counters + tile, splits, s_src[0])) return;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float4 *src = all + (mt * 8 + j) * 32;
+                    float4 sum = __ldcg(src);
+                    for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
+                    acc[mt][j][0] = sum.x;
+                    acc[mt][j][1] = sum.y;
+                    acc[mt][j][2] = sum.z;
+                    acc[mt][j][3] = sum.w;
+                }
+        }
         // the block's outputs ((acc + bias) * topk weight, in T) staged in shared memory, then copied out as whole
         // 16-byte chunks of each routed row: 8 lanes write 128 contiguous bytes, where the fragments hold 4 bytes
         // (Marlin) or 16 bytes (AWQ) of each of 8 rows
@@ -592,19 +639,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
             for (int sl = 0; sl < NSL; sl++)
                 if (live[sl]) __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32, out[sl]);
-            // the last-arrival flag lives in s_src[0] (read only while the copy plans were built): a static variable of
-            // its own took the split kernel of the 32-row tile past three blocks per 100 KB SM
-            int &s_last = s_src[0];
-            __threadfence(); // the sums are visible device-wide before the counter says so
-            __syncthreads();
-            if (tid == 0) {
-                const int prev = atomicAdd(p.counters + tile, 1);
-                s_last = prev == splits - 1;
-                if (s_last) p.counters[tile] = 0; // the workspace is left as it was found: zeroed
-            }
-            __syncthreads();
-            if (!s_last) return;
-            __threadfence();
+            if (!last_to_arrive(p.counters + tile, splits, s_src[0])) return;
             // block bl's sums over the splits, in split order: the same bits whichever block is last
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
                 // each warp adds its blocks' splits, then the totals go through shared memory (the reduction buffer,

@@ -28,11 +28,11 @@ typedef struct w4a16_moe_launch {
     int gshift;             /* log2(G), 31 when G = K is not a power of two */
     int marlin_channelwise; /* Marlin scales permuted in chunks of 32 (G == K) */
     int dtype, layout, stages;
-    int carveout;   /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
-    int tile;       /* W4A16_MOE_TILE_*, holding block_size rows */
-    int splits;     /* K split across gridDim.z blocks (tiles 16x64 and 32; MoE plans split only 16x64); 1: none */
-    int n_fast;     /* grid x = channel tiles, y = routing blocks (else the other way round) */
-    int *counters;  /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
+    int carveout;  /* shared-memory carveout (percent) emulating a forced profile's smaller SM, or -1 */
+    int tile;      /* W4A16_MOE_TILE_*, holding block_size rows */
+    int splits;    /* K split across gridDim.z blocks (w4a16_moe_tile_can_split; MoE plans split only 16x64); 1: none */
+    int n_fast;    /* grid x = channel tiles, y = routing blocks (else the other way round) */
+    int *counters; /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
     void *partials; /* workspace: splits x BM x BN fp32 sums per tile */
     void *stream;
 } w4a16_moe_launch;
@@ -63,9 +63,9 @@ enum {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
     return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : 64;
 }
-/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
+/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans), 32 x 128 and 64 x 256 (the dense rows plans). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
-    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
+    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_64;
 }
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
     return tile == W4A16_MOE_TILE_16x64 ? 64 : tile == W4A16_MOE_TILE_16x128 || tile == W4A16_MOE_TILE_32 ? 128 : 256;

@@ -540,9 +540,10 @@ static void test_forced_profiles(void **state) {
 }
 
 /* Dense GEMMs on the MoE kernel's tiles: under every forced profile that plans them, "rows-64" (64 x 256) on a layer
- * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and "rows-32" (32 x 128) on a narrow
- * one at M = 200 (mid2 M, few tiles); M not a multiple of the tile's rows (a partial row block), both paths, both
- * dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
+ * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and with two K splits where they fill
+ * half a wave, M = 48; "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles); M not a multiple of the
+ * tile's rows (a partial row block), both paths, both dtypes, GPTQ's symmetric weights, with and without bias, every
+ * group size. */
 static void test_rows_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -551,9 +552,11 @@ static void test_rows_tiles(void **state) {
         const char *kernel;
         int M, N, K, split; /* split: the plan must split K */
     } shapes[] = {{"rows-64", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
+                  /* 90% of an SM count of 64-row tiles (a partial one: M = 48): two K splits fill 90% of the slots */
+                  {"rows-64", 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
                   {"rows-32", 200, 1024, quick ? 1280 : 4096, 1},
                   {"rows-32", 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
-    for (int sh = 0; sh < 3; sh++) {
+    for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         int planned = 0;
         for (int p = 0; names[p]; p++) {

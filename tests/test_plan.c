@@ -296,7 +296,15 @@ static void test_plan_invariants(void **state) {
                                 const long long t = (long long)pl.grid[0] * pl.grid[1],
                                                 slots = (long long)st.sm_count * pl.blocks_per_sm;
                                 const int mid32 = M <= st.profile->mid32_max_m;
-                                if (r64) {
+                                if (r64 && pl.splits > 1) {
+                                    /* two K splits of at most half a wave of tiles filling most of it, with a
+                                     * workspace; in the Marlin layout only up to mid M */
+                                    assert_true(st.profile->rows64_split_min_fill > 0 && !mid32 && ws > 0);
+                                    assert_int_equal(pl.splits, 2);
+                                    assert_true(t * 2 <= slots &&
+                                                t * 2 * 100 >= slots * st.profile->rows64_split_min_fill);
+                                    assert_true(layout == W4A16_LAYOUT_AWQ || M <= st.profile->mid_max_m);
+                                } else if (r64) {
                                     /* past the 32-row regime; its tiles fill most of a wave and of all they take */
                                     assert_true(st.profile->rows64_min_fill > 0 && !mid32);
                                     assert_true(t * 100 >= slots * st.profile->rows64_min_fill);
@@ -602,6 +610,10 @@ static void test_hand_checked_rows(void **state) {
         {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1},
         /* ... 1 x 48 = 48 are not */
         {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1},
+        /* 1 x 112 tiles <= 132 (half a wave): two K splits fill 224 >= 0.8 x 264 slots (M <= 64, Marlin) ... */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 2},
+        /* ... not 0.8 x 340 */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 64, 28672, 4096, 0, 0, 0, 0, 1},
         /* the H100's own profile runs wgmma there */
         {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1},
         {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1},
@@ -632,6 +644,20 @@ static void test_hand_checked_rows(void **state) {
     assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
     assert_int_equal(pl.grid[0] * pl.grid[1], 48);
     assert_int_equal(pl.splits, 6);
+    /* ... and the 64 x 256 tile with two K splits past M = 64 too: llama3-8b.o at M = 512 is 8 x 16 = 128 tiles <= 132,
+     * 256 >= 0.8 x 264 (the Marlin layout runs the dense 128 x 256 tile there) */
+    assert_int_equal(
+        w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 512, 4096, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
+        W4A16_OK);
+    assert_int_equal(pl.kind, W4A16_KERNEL_ROWS64);
+    assert_int_equal(pl.splits, 2);
+    assert_int_equal(
+        w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, 512, 4096, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
+        W4A16_OK);
+    assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
+    /* no workspace: no split, so no rows-64 */
+    assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 512, 4096, 4096, 0, "test", &pl), W4A16_OK);
+    assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, 0);
 }
 
 int main(void) {
