@@ -13,9 +13,9 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 
 const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL; }
 
-/* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (32: two 16-row tiles beat one
- * 64-row tile there; 16 on the 100 KB parts, whose 32-row tile takes M 17-32), the deep decode tile when its tiles make
- * fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no
+/* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (16, then the 32 x 256 tile up to
+ * M = 32; 32 on Hopper, whose mma.sync tiles run only without its wgmma images), the deep decode tile when its tiles
+ * make fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no
  * wgmma tile runs, the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the
  * waves they take, or 80% of one wave with K split in two (csrc/plan.c plan_rows64). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
@@ -34,13 +34,19 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
     .mid2 = {W4A16_CFG_WIDE64, 4}, .large = {W4A16_CFG_LARGE_MARLIN, 3}, .large_awq = {W4A16_CFG_LARGE_AWQ, 3},        \
     .mid2_large_kt_per_slot = 40
 
-/* Tiles of the parts with 163 KB or more per block (sm_80, 90, 100) from M = 17. */
+/* Tiles of the parts with 163 KB or more per block (sm_80, 90, 100) from M = 33: those of the 100 KB parts (the 64 x
+ * 256 tile for wide layers and M 65-256, the 128 x 256 tile where it keeps the slots busy), with 4 stages for the 128 x
+ * 256 tile. The 64 x 128 tile with 5 stages (4 warps, K split in the block) that M 65-256 ran before stream-K could not
+ * share its k-tiles among idle SMs: the sm80 profile forced on the H100 took up to 2.0x the sm120 profile's time on the
+ * same rows (docs/PERFORMANCE.md v27). */
 #define W4A16_TILES_164KB_MID_LARGE                                                                                    \
-    .mid = {W4A16_CFG_MID, 4}, .mid_wide = {W4A16_CFG_MID2, 5}, .mid2 = {W4A16_CFG_MID2, 5},                           \
-    .large = {W4A16_CFG_LARGE_MARLIN, 4}, .large_awq = {W4A16_CFG_LARGE_AWQ, 4}
-/* Their decode tiles: the deep one with 2 stages when K is split. */
+    .mid = {W4A16_CFG_MID, 4}, .mid_wide = {W4A16_CFG_WIDE64, 4}, .mid2 = {W4A16_CFG_WIDE64, 4},                       \
+    .large = {W4A16_CFG_LARGE_MARLIN, 4}, .large_awq = {W4A16_CFG_LARGE_AWQ, 4}, .mid2_large_kt_per_slot = 40
+/* Their decode tiles (the deep one with 2 stages when K is split) to M = 16, the 32 x 256 tile (3 stages) to M = 32:
+ * two 16-row decode tiles took 1.3-2.0x its time on the wide layers (v27). */
 #define W4A16_TILES_164KB                                                                                              \
-    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 2}, W4A16_TILES_164KB_MID_LARGE
+    .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 2}, .mid32_max_m = 32,                      \
+    .mid32 = {W4A16_CFG_WIDE32, 3}, W4A16_TILES_164KB_MID_LARGE
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
 
@@ -49,7 +55,7 @@ static const w4a16_profile sm80 = {
     .arch = 80,
     .fallback = NULL,
     .smem_per_sm = SMEM_164KB,
-    W4A16_MMA_REGIMES(32),
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_164KB,
 };
 static const w4a16_profile sm86 = {
@@ -91,7 +97,7 @@ static const w4a16_profile sm100 = {
     .arch = 100,
     .fallback = "sm90",
     .smem_per_sm = SMEM_228KB,
-    W4A16_MMA_REGIMES(32),
+    W4A16_MMA_REGIMES(16),
     W4A16_TILES_164KB,
 };
 static const w4a16_profile sm120 = {

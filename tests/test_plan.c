@@ -510,6 +510,12 @@ static void test_hand_checked_stream_k(void **state) {
          * under half of the 108 slots (and too few for the 64-row tile: 8 x 8 = 64 < 85% of 2 x 108): each split 3
          * ways (108 / 32) */
         {"A100", "sm80", 108, 166912, 0, NULL, 512, 2048, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 96, 32, 96},
+        /* the 164 KB profiles take the 100 KB parts' tiles from M = 17 (v27): M 17-32 the 32 x 256 tile (not two
+         * 16-row decode tiles), 16 tiles split 6 ways (108 / 16) ... */
+        {"A100", "sm80", 108, 166912, 0, NULL, 32, 4096, 4096, W4A16_CFG_WIDE32, 3, 40704, 96, 16, 96},
+        /* ... M 65-256 the 64 x 256 tile with stream-K (not the 64 x 128 one, which splits K in the block: 64 tiles
+         * on 108 SMs, none shared), 2 x 16 tiles split 3 ways (108 / 32) */
+        {"A100", "sm80", 108, 166912, 0, NULL, 128, 4096, 14336, W4A16_CFG_WIDE64, 4, 70656, 96, 32, 96},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
