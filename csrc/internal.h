@@ -46,8 +46,10 @@ typedef struct w4a16_profile {
      * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM */
     int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
     int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm;
-    int staged_min_m;    /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
-                            dequantised weights (w4a16_workspace_size_staged) */
+    int staged_min_m;            /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
+                                    dequantised weights (w4a16_workspace_size_staged) */
+    int mid32_min_tiles_per_8sm; /* M 17-32 (mid32) keeps the decode tiles where the mid32 tile makes at most this many
+                                    tiles per 8 SMs */
     int rows64_min_fill; /* > 0: where no wgmma tile runs, the MoE kernel's 64 x 256 tile (W4A16_KERNEL_ROWS64) when
                             its tiles fill at least this percent of one wave of its block slots ... */
     int rows64_min_wave_fill;  /* ... and this percent of all the waves they take */

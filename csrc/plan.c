@@ -103,6 +103,19 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
     pl->grid[2] = pl->splits;
 }
 
+/* Whether M is in the mid32 regime (M 17-32 where the profile has one) on a layer so narrow that the mid32 tile makes
+ * at most mid32_min_tiles_per_8sm tiles per 8 SMs: the 16-row decode tiles then run M 17-32 (two row tiles, four
+ * times the tiles of 32 x 256, K split across blocks). Under sm120 on the H100 they took 0.83-0.90x the 32 x 256
+ * tile's time on llama3-8b.o (16 tiles on 132 SMs) and about 1.0x on .down (also 16, K = 14336), but 1.04-1.9x on
+ * every layer with 24 tiles or more (docs/PERFORMANCE.md v28). */
+static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
+    const w4a16_profile *p = st->profile;
+    if (M <= p->small_max_m || M > p->mid32_max_m) return 0;
+    const w4a16_gemm_config *c = w4a16_config(p->mid32.cfg);
+    const long long tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
+    return tiles * 8 <= (long long)p->mid32_min_tiles_per_8sm * st->sm_count;
+}
+
 /* The plan of MoE tile `tile` (W4A16_MOE_TILE_64 or _32) over M x N, its register budget allowing minb blocks per SM;
  * returns its blocks per SM, 0 when its shared memory does not fit a block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
@@ -170,7 +183,8 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     const w4a16_profile *p = st->profile;
     const int mid2 = M > p->mid_max_m && M <= p->mid2_max_m, mid32 = M > p->small_max_m && M <= p->mid32_max_m;
     const int awq = layout == W4A16_LAYOUT_AWQ && M > p->small_max_m && M <= p->mid2_max_m;
-    if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32 || awq)) return 0;
+    if (p->rows32_max_k <= 0 || K % 64 || K > p->rows32_max_k || !(mid2 || mid32 || awq) || mid32_narrow(st, M, N))
+        return 0;
     w4a16_plan c = *pl;
     const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_32, 3, M, N, &c); /* its register budget: three per SM */
     if (!per_sm) return 0;
@@ -209,6 +223,7 @@ static const w4a16_tile_choice *mma_choice(const w4a16_device_state *st, int lay
                                   : M <= p->mid2_max_m            ? &p->mid2
                                   : layout == W4A16_LAYOUT_MARLIN ? &p->large
                                                                   : &p->large_awq;
+    if (tc == &p->mid32 && mid32_narrow(st, M, N)) tc = &p->small;
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     long long tiles = (long long)cdiv(M, w4a16_cfg_bm(c)) * cdiv(N, w4a16_cfg_bn(c));
     if (tc == &p->mid && (tiles >= (long long)p->mid_wide_tiles_per_sm * st->sm_count ||
@@ -259,19 +274,14 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
     if (tiles_m > 2147483647 / tiles_n)
         return w4a16_fail(W4A16_ERR_SIZE_OVERFLOW, "%s: M=%d, N=%d make too many tiles", op, M, N);
     const int decode = w4a16_cfg_is_decode(c);
-    /* decode tiles: 8 tokens per MMA up to M = 8, 16 up to M = 16 and beyond where the register budget allows
-     * (configs.h) */
-    pl->kind = decode && M <= 8                                            ? W4A16_KERNEL_DECODE8
-               : decode && (M <= 16 || c->minb <= W4A16_DECODE16_MAX_MINB) ? W4A16_KERNEL_DECODE16
-                                                                           : W4A16_KERNEL_MMA;
+    /* decode tiles: 8 tokens per MMA up to M = 8, 16 tokens (one or more row tiles) above */
+    pl->kind = decode && M <= 8 ? W4A16_KERNEL_DECODE8 : decode ? W4A16_KERNEL_DECODE16 : W4A16_KERNEL_MMA;
     pl->cfg = tc->cfg;
     pl->stages = tc->stages;
     pl->threads = w4a16_cfg_threads(c);
     pl->smem_bytes = w4a16_cfg_smem_bytes(c, layout, tc->stages);
     /* the register budget the kernel instance was built for */
-    const int minb = pl->kind == W4A16_KERNEL_DECODE16        ? W4A16_DECODE16_MINB(c->minb, layout, dtype)
-                     : pl->kind == W4A16_KERNEL_MMA && decode ? W4A16_TILE_MINB(c->minb)
-                                                              : c->minb;
+    const int minb = pl->kind == W4A16_KERNEL_DECODE16 ? W4A16_DECODE16_MINB(c->minb, layout, dtype) : c->minb;
     pl->blocks_per_sm = tile_blocks_per_sm(st, pl->smem_bytes, minb);
     if (pl->kind == W4A16_KERNEL_MMA) {
         /* one-dimensional grid: the stream-K blocks, then one block per remaining tile */

@@ -30,7 +30,7 @@
  * parameter (immediate copy waits, a ring of constant size), so each pair is its own instance. Every tile choice of
  * every profile that runs the tile kernel is one of these (tests/test_profiles.c checks it).
  *   X(config id, stages) */
-#define W4A16_TILE_STAGES(X) X(0, 3) X(1, 3) X(1, 4) X(2, 3) X(2, 4) X(3, 3) X(3, 4) X(4, 5) X(6, 4) X(7, 3)
+#define W4A16_TILE_STAGES(X) X(1, 3) X(1, 4) X(2, 3) X(2, 4) X(3, 3) X(3, 4) X(6, 4) X(7, 3)
 
 /* Named config ids (W4A16_CFG_DECODE, ...) for the profiles. */
 enum {
@@ -123,16 +123,12 @@ typedef struct w4a16_gemm_config {
 
 /* The 16-token configs (MT = WM = NH = 1) run the decode kernel of kernels/gemm_decode.cuh. */
 static inline int w4a16_cfg_is_decode(const w4a16_gemm_config *c) { return c->mt == 1 && c->wm == 1 && c->nh == 1; }
-/* 16 tokens per MMA need about 160 registers: the decode kernel runs M 9-16 with its 16-token instance, built for
- * W4A16_DECODE16_MINB blocks per SM: at most 3, and 2 for the Marlin layout in fp16 (dtype 0), whose registers spill
- * under the 3-block budget. Beyond M = 16 (two or more 16-row tiles), configs whose own budget allows 16 tokens
- * (MINB <= W4A16_DECODE16_MAX_MINB) keep the decode kernel; the others run the mma.sync tile kernel, built for at most
- * 3 blocks per SM (W4A16_TILE_MINB: its stream-K reduction spills under the 4-block budget). Macros: the kernel
- * instances need constant expressions, and the host's plan reads the same rules. */
-#define W4A16_DECODE16_MAX_MINB 3
-#define W4A16_TILE_MINB(minb) ((minb) > 3 ? 3 : (minb))
+/* 16 tokens per MMA need about 160 registers: the decode kernel runs M > 8 (one or more 16-row tiles) with its
+ * 16-token instance, built for W4A16_DECODE16_MINB blocks per SM: at most 3, and 2 for the Marlin layout in fp16
+ * (dtype 0), whose registers spill under the 3-block budget. A macro: the kernel instances need a constant expression,
+ * and the host's plan reads the same rule. */
 #define W4A16_DECODE16_MINB(minb, layout, dtype)                                                                       \
-    ((layout) == W4A16_LAYOUT_MARLIN && (dtype) == 0 && (minb) > 2 ? 2 : W4A16_TILE_MINB(minb))
+    ((layout) == W4A16_LAYOUT_MARLIN && (dtype) == 0 && (minb) > 2 ? 2 : (minb) > 3 ? 3 : (minb))
 static inline int w4a16_cfg_bm(const w4a16_gemm_config *c) { return 16 * c->mt * c->wm; }
 static inline int w4a16_cfg_bn(const w4a16_gemm_config *c) { return 64 * c->wn; }
 static inline int w4a16_cfg_bk(const w4a16_gemm_config *c) { return 16 * c->wk * c->ks; }

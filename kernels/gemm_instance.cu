@@ -6,8 +6,7 @@
 #include "instance.h"
 
 namespace w4a16 {
-// The decode configs (MT = WM = NH = 1) have a decode kernel of 8 tokens per MMA, a 16-token one, and (when their
-// register budget is too small for 16 tokens beyond M = 16, configs.h) the tile kernel for M > 16; the other configs
+// The decode configs (MT = WM = NH = 1) have a decode kernel of 8 tokens per MMA and a 16-token one; the other configs
 // have the tile kernel only, once per stage count of W4A16_TILE_STAGES. A kind (or stage count) a config was not
 // compiled for yields no kernel.
 template <typename T, int LAYOUT, int ID, int MT, int WM, int NH, int WN, int WK, int KS, int MINB>
@@ -32,10 +31,6 @@ GemmKernelRef select_tile(int kind, int stages) {
         if (kind == W4A16_KERNEL_DECODE8) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB, 1>, THREADS, 0};
         constexpr int MINB16 = W4A16_DECODE16_MINB(MINB, LAYOUT, (std::is_same<T, __half>::value ? 0 : 1));
         if (kind == W4A16_KERNEL_DECODE16) return {gemm_decode_kernel<T, LAYOUT, WN, WK, KS, MINB16, 2>, THREADS, 0};
-        if constexpr (MINB > W4A16_DECODE16_MAX_MINB) { // the tile kernel for M > 16
-            if (kind == W4A16_KERNEL_MMA)
-                return tile_kernel<T, LAYOUT, ID, MT, WM, NH, WN, WK, KS, W4A16_TILE_MINB(MINB)>(stages);
-        }
     } else if constexpr (!(ID == W4A16_CFG_LARGE_AWQ && LAYOUT == W4A16_LAYOUT_MARLIN)) {
         // (the Marlin layout's large tile is config 2: config 3 is never planned for it)
         if (kind == W4A16_KERNEL_MMA) return tile_kernel<T, LAYOUT, ID, MT, WM, NH, WN, WK, KS, MINB>(stages);

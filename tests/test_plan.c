@@ -329,10 +329,9 @@ static void test_plan_invariants(void **state) {
                                 assert_non_null(c);
                                 bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c), minb = c->minb;
                                 assert_int_equal(pl.threads, w4a16_cfg_threads(c));
-                                assert_int_equal(pl.kind == W4A16_KERNEL_MMA,
-                                                 !w4a16_cfg_is_decode(c) ||
-                                                     (M > 16 && c->minb > W4A16_DECODE16_MAX_MINB));
+                                assert_int_equal(pl.kind == W4A16_KERNEL_MMA, !w4a16_cfg_is_decode(c));
                                 if (pl.kind == W4A16_KERNEL_DECODE8) assert_true(M <= 8);
+                                if (pl.kind == W4A16_KERNEL_DECODE16) assert_true(M > 8);
                                 /* the tile fits a block, and its resident blocks fit the (emulated) SM */
                                 assert_true((size_t)pl.smem_bytes <= st.smem_optin);
                                 assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
