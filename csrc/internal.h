@@ -52,9 +52,10 @@ typedef struct w4a16_profile {
                                     tiles per 8 SMs */
     int rows64_min_fill; /* > 0: where no wgmma tile runs, the MoE kernel's 64 x 256 tile (W4A16_KERNEL_ROWS64) when
                             its tiles fill at least this percent of one wave of its block slots ... */
-    int rows64_min_wave_fill;  /* ... and this percent of all the waves they take */
-    int rows64_split_min_fill; /* > 0: ... or, with a workspace, two K splits per tile where its tiles fill at most half
-                                  a wave and this percent of it with the splits (Marlin layout: only to mid_max_m) */
+    int rows64_min_wave_fill; /* ... and this percent of all the waves they take */
+    int rows64_sk_min_kt; /* > 0: ... or else, with a workspace, stream-K over its slots, each block at least this many
+                             k-tiles (and one block per SM) ... */
+    int rows32_keep_min_splits; /* ... except where a rows-32 plan would split K this many ways or more */
     int rows32_max_k; /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                          mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                          at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */

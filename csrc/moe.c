@@ -108,7 +108,7 @@ static int moe_splits(int sm_count, int per_sm, long long tiles, int K) {
  * kernel (dtype, layout, tile, split), the shared memory and carveout it was prepared with and the resident blocks per
  * SM the device then allows. A call prepares its kernel only when that differs (first use, another pipeline depth or
  * carveout after a profile change), not on every call. */
-enum { MOE_MAX_DEVICES = 64, MOE_KERNELS = 2 * 2 * W4A16_MOE_TILES * 2 };
+enum { MOE_MAX_DEVICES = 64, MOE_KERNELS = 2 * 2 * W4A16_MOE_TILES * 3 };
 typedef struct moe_prepared {
     int smem; /* 0: not prepared */
     int carveout;
@@ -117,17 +117,18 @@ typedef struct moe_prepared {
 static moe_prepared moe_kernels[MOE_MAX_DEVICES][MOE_KERNELS];
 static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Prepares the kernel of launch `a` (the K-splitting one where `split`) on `device`, the current device, once;
- * *occupancy: its resident blocks per SM. Returns the cudaError_t. */
+/* Prepares the kernel of launch `a` (split: 1 the K-splitting one, 2 the stream-K one) on `device`, the current device,
+ * once; *occupancy: its resident blocks per SM. Returns the cudaError_t. */
 static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
     const int tile = a->tile;
-    if (!w4a16_moe_tile_can_split(tile)) split = 0;
+    if ((split == 1 && !w4a16_moe_tile_can_split(tile)) || (split == 2 && !w4a16_moe_tile_can_stream_k(tile)))
+        split = 0;
     const int smem = w4a16_moe_smem_bytes(tile, a->layout, a->stages);
     int err = cudaSuccess;
     *occupancy = 0;
     if (device < 0 || device >= MOE_MAX_DEVICES) return w4a16_moe_prepare(a, split, occupancy);
     pthread_mutex_lock(&moe_kernels_lock);
-    moe_prepared *k = &moe_kernels[device][((a->dtype * 2 + a->layout) * W4A16_MOE_TILES + tile) * 2 + (split != 0)];
+    moe_prepared *k = &moe_kernels[device][((a->dtype * 2 + a->layout) * W4A16_MOE_TILES + tile) * 3 + split];
     if (k->smem != smem || k->carveout != a->carveout) {
         int occ = 0;
         err = w4a16_moe_prepare(a, split, &occ);
@@ -181,6 +182,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .carveout = g->plan.carveout,
         .tile = rows == 64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32,
         .splits = g->plan.splits,
+        .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,
         .counters = x->counters, /* the dense workspace's counters and partial sums (K splits) */
         .partials = x->partials,
@@ -195,7 +197,7 @@ static int moe_dense_prepare(const w4a16_gemm_launch *g, w4a16_moe_launch *a, in
     *blocks_per_sm = 0;
     if (w4a16_current_device(&device, &st) != W4A16_OK) return cudaErrorInvalidDevice;
     moe_dense_of(g, a);
-    return moe_prepare(device, a, a->splits > 1, blocks_per_sm);
+    return moe_prepare(device, a, w4a16_moe_launch_split(a), blocks_per_sm);
 }
 
 int w4a16_moe_dense_occupancy(const w4a16_gemm_launch *g, int *blocks_per_sm) {

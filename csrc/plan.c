@@ -134,15 +134,17 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
- * K split among them) on the identity routing, where no wgmma tile runs, M is past the decode and 32-row regimes, and
- * its tiles fill at least rows64_min_fill percent of one wave of its block slots and rows64_min_wave_fill percent of
- * the waves they take. Under the sm120 profile on the H100 it took 0.76-0.99x the time of the mma.sync tiles
- * (stream-K) on such layers of the peer harness, 1.03-1.10x where a second wave was 21% full, and up to 3.8x on layers
- * whose few tiles the dense kernels split along K (docs/PERFORMANCE.md "v24").
- * With K split in two (at least 10 k-tiles each) where its tiles fill 40-50% of a wave: 0.76-0.95x the time there in
- * the AWQ layout, 0.94x on the wide layer at M 48-64 in the Marlin layout, but 1.00-1.06x past M = 64 there, where
- * the dense 128 x 256 tile runs; more splits (3-16, for fewer tiles) took 1.1-2.6x: each split's 64 KB of partial sums
- * goes through the workspace and one block adds them ("v26"). */
+ * K split among them) on the identity routing, where no wgmma tile runs and M is past the decode and 32-row regimes:
+ * - whole tiles where they fill at least rows64_min_fill percent of one wave of its block slots and
+ *   rows64_min_wave_fill percent of the waves they take. Under the sm120 profile on the H100 it took 0.76-0.99x the
+ *   time of the mma.sync tiles (stream-K) on such layers of the peer harness (docs/PERFORMANCE.md "v24");
+ * - else, with a workspace, stream-K: one block per slot (fewer where a block would get under rows64_sk_min_kt
+ *   k-tiles; at least one per SM), each taking an equal range of the tiles' k-tiles ("v29"). Over M 48-512 of the
+ *   harness under sm120 it took 0.96x (Marlin) / 0.91x (AWQ) the time of the plans before (0.63-0.93x on 45 of 128
+ *   rows, 1.05-1.15x on 14), except where a rows-32 plan splits K rows32_keep_min_splits ways or more (few tiles of
+ *   short K: the 32-row tile's split measured 1.1-1.2x faster there). */
+static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                       w4a16_plan *pl);
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                        w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -155,13 +157,22 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     /* it has no stream-K: a last wave nearly empty costs a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
     if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) {
-        /* half a wave or less: two K splits per tile where that fills rows64_split_min_fill percent of the slots (in
-         * the Marlin layout only up to mid_max_m, where its dense tiles are the weaker) */
-        const int marlin_ok = layout != W4A16_LAYOUT_MARLIN || M <= p->mid_max_m;
-        if (!workspace_bytes || p->rows64_split_min_fill <= 0 || !marlin_ok || tiles * 2 > slots ||
-            tiles * 2 * 100 < slots * p->rows64_split_min_fill || cdiv(K, 64) < 2 * 10)
+        /* else stream-K over the slots, each block at least 16 k-tiles, at least one block per SM, the workspace
+         * holding two partial tiles per block and a counter per tile; not where a 32-row plan splits K 3 ways or more
+         * (few tiles of short K) */
+        w4a16_plan r32 = *pl;
+        if (!workspace_bytes || p->rows64_sk_min_kt <= 0 ||
+            (plan_rows32(st, layout, M, N, K, workspace_bytes, &r32) && r32.splits >= p->rows32_keep_min_splits))
             return 0;
-        c.splits = c.grid[2] = 2;
+        const long long units = tiles * cdiv(K, 64);
+        const long long blocks = slots < units / p->rows64_sk_min_kt ? slots : units / p->rows64_sk_min_kt;
+        const size_t tile_bytes = (size_t)64 * 256 * sizeof(float);
+        if (blocks < st->sm_count ||
+            w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
+            tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
+            return 0;
+        c.sk_blocks = (int)blocks;
+        c.sk_tiles = (int)tiles;
     }
     *pl = c;
     return 1;
@@ -327,6 +338,13 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      "%d threads, %d block%s/SM",
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
+                     pl->blocks_per_sm > 1 ? "s" : "");
+    else if (W4A16_KERNEL_ROWS(pl->kind) && pl->sk_blocks > 0)
+        n = snprintf(buf, size,
+                     "%s (the MoE kernel's %s tile, %d stages, identity routing), stream-K %d blocks over %d tiles, "
+                     "%d threads, %d bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
+                     pl->stages, pl->sk_blocks, pl->sk_tiles, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else if (W4A16_KERNEL_ROWS(pl->kind))
         n = snprintf(buf, size,

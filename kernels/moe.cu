@@ -139,17 +139,17 @@ __device__ __forceinline__ void cp_async16_l2_128(void *smem, const void *gmem, 
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-// After a K split's block wrote its sums to the workspace: whether it is the last of the tile's `splits` blocks to
-// arrive (then the counter is reset, leaving the workspace zeroed as it was found, and the other splits' sums are
-// visible to it). `flag` is a shared int no thread reads any more: s_src[0], read only while the copy plans were
-// built, because a static shared variable of its own took the 32-row tile's split kernel past three blocks per
-// 100 KB SM.
-__device__ __forceinline__ bool last_to_arrive(int *counter, int splits, int &flag) {
+// After a block wrote its part of a tile's sums to the workspace and adds `add` to the tile's counter: whether it
+// completed it (the counter reached `total`; then the counter is reset, leaving the workspace zeroed as it was found,
+// and the other parts' sums are visible to it). `flag` is a shared int no thread reads any more: s_src[0], read only
+// while the copy plans were built, because a static shared variable of its own took the 32-row tile's split kernel past
+// three blocks per 100 KB SM.
+__device__ __forceinline__ bool last_to_arrive(int *counter, int add, int total, int &flag) {
     __threadfence(); // the sums are visible device-wide before the counter says so
     __syncthreads();
     if (threadIdx.x == 0) {
-        const int prev = atomicAdd(counter, 1);
-        flag = prev == splits - 1;
+        const int prev = atomicAdd(counter, add);
+        flag = prev + add == total;
         if (flag) *counter = 0;
     }
     __syncthreads();
@@ -162,9 +162,23 @@ __device__ __forceinline__ bool last_to_arrive(int *counter, int splits, int &fl
 // the 16-row tiles (<= 128 registers), 3 for the 32-row one (<= 168); unbounded, the compiler took 135 and 180.
 constexpr int min_blocks(int mt) { return mt == 1 ? 4 : mt == 2 ? 3 : 1; }
 
-// SPLIT: K split across gridDim.z blocks (a separate instance, so the unsplit kernels carry none of its code).
-template <typename T, int LAYOUT, int MT, int WN, int KS, bool SPLIT>
-__global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a16_moe_launch p) {
+// Stream-K of a dense call (SPLIT = 2): block b of B takes units [b U / B, (b + 1) U / B) of the U = tiles x nkt
+// (tile, k-tile) units, tile-major, channel tiles fastest; the block that holds unit x, and the workspace slot of
+// block b's partial sums of tile t (0: the tile its range starts in, 1: the one it ends in; the tiles in between it
+// computes whole).
+__device__ __forceinline__ int sk_block_of(long long x, long long U, long long B) {
+    return (int)(((x + 1) * B - 1) / U);
+}
+__device__ __forceinline__ int sk_slot(int b, int t, int nkt, long long U, long long B) {
+    return (long long)b * U / B / nkt == t ? 0 : 1;
+}
+
+// One tile (routing block blk x channel tile ntile) over k-tiles [kt0, kt0 + nk). SPLIT: 0 the whole K; 1 K split
+// across gridDim.z blocks; 2 a stream-K segment (sk_slot: the block's workspace slot of a partial tile, sk_tile: its
+// index). The split kinds are separate instances, so the unsplit kernels carry none of their code.
+template <typename T, int LAYOUT, int MT, int WN, int KS, int SPLIT>
+__device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int blk, const int ntile, const int kt0,
+                                          const int nk, const int sk_slot_of_block, const int sk_tile) {
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WN, KS>;
     constexpr int WK = TL::WK, BM = TL::BM, BN = TL::BN, BK = TL::BK, SB = TL::SB;
@@ -179,7 +193,6 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     // gridDim.y: the live routing blocks launch first, and the blocks that run together read neighbouring pieces of
     // one expert's weights and the same gathered rows)
     const bool n_fast = p.n_fast != 0;
-    const int blk = n_fast ? blockIdx.y : blockIdx.x, ntile = n_fast ? blockIdx.x : blockIdx.y;
     const int n0 = ntile * BN, bs = p.block_size;
     // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
     // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them); no routing buffers: a dense
@@ -191,10 +204,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         id = dense ? blk * bs + tid : p.sorted_ids[(size_t)blk * bs + tid];
     if ((long long)blk * bs >= (long long)npp || e < 0 || e >= p.num_experts) return; // uniform over the block
     const int N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
-    // this block's k-tiles [kt0, kt0 + nk): split z of gridDim.z (host: every split gets at least one k-tile)
-    const int nkt = (K + BK - 1) / BK, splits = SPLIT ? (int)gridDim.z : 1; // splits <= 16, nkt < 2^24: int math
-    const int kt0 = SPLIT ? (int)blockIdx.z * nkt / splits : 0;
-    const int nk = SPLIT ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
+    const int nkt = (K + BK - 1) / BK, splits = SPLIT == 1 ? (int)gridDim.z : 1;
     const int g_last = (K - 1) >> gshift, groups = g_last + 1;
     const T *A = static_cast<const T *>(p.A);
     // k of the stages: each K-split warp group wk owns region wk of the block's k range (kb + wk RL .. + RL, RL =
@@ -492,32 +502,50 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         *reinterpret_cast<uint4 *>(C + (size_t)dst * N + c0) = make_uint4(w[0], w[1], w[2], w[3]);
     };
     if constexpr (WK == 1) {
-        if constexpr (SPLIT) {
-            // this split's fp32 sums to the workspace as they lie in the registers; the tile's last block to arrive
-            // adds all splits' sums in split order into its accumulators and stores as an unsplit block does
-            constexpr int TILE_F4 = WARPS * MT * 8 * 32;
-            const int tile = ntile * (n_fast ? (int)gridDim.y : (int)gridDim.x) + blk;
-            float4 *all =
-                static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + warp * MT * 8 * 32 + lane;
+        if constexpr (SPLIT != 0) {
+            if (SPLIT == 1 || nk < nkt) {
+                // a partial tile: its fp32 sums to the workspace as they lie in the registers; the tile's last block
+                // to arrive adds every part in block (split) order into its accumulators and stores as an unsplit
+                // block does
+                constexpr int TILE_F4 = WARPS * MT * 8 * 32;
+                float4 *const base = static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane;
+                const long long U = (long long)p.grid_blocks * ((N + BN - 1) / BN) * nkt, B = gridDim.x;
+                const int tile = SPLIT == 1 ? ntile * (n_fast ? (int)gridDim.y : (int)gridDim.x) + blk : sk_tile;
+                float4 *const mine = base + (SPLIT == 1 ? ((size_t)tile * splits + blockIdx.z)
+                                                        : (size_t)blockIdx.x * 2 + sk_slot_of_block) *
+                                                TILE_F4;
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    __stcg(all + (size_t)blockIdx.z * TILE_F4 + (mt * 8 + j) * 32,
-                           make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
-            if (!last_to_arrive(p.counters + tile, splits, s_src[0])) return;
+                    for (int j = 0; j < 8; j++)
+                        __stcg(mine + (mt * 8 + j) * 32,
+                               make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+                if (!last_to_arrive(p.counters + tile, SPLIT == 1 ? 1 : nk, SPLIT == 1 ? splits : nkt, s_src[0]))
+                    return;
+                const int c0 = SPLIT == 1 ? 0 : sk_block_of((long long)tile * nkt, U, B);
+                const int c1 = SPLIT == 1 ? splits - 1 : sk_block_of((long long)tile * nkt + nkt - 1, U, B);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float4 *src = all + (mt * 8 + j) * 32;
-                    float4 sum = __ldcg(src);
-                    for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
-                    acc[mt][j][0] = sum.x;
-                    acc[mt][j][1] = sum.y;
-                    acc[mt][j][2] = sum.z;
-                    acc[mt][j][3] = sum.w;
+                    for (int j = 0; j < 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[mt][j][c] = 0.f;
+                for (int c = c0; c <= c1; c++) {
+                    const float4 *src =
+                        base + (SPLIT == 1 ? (size_t)tile * splits + c : (size_t)c * 2 + sk_slot(c, tile, nkt, U, B)) *
+                                   TILE_F4;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            const float4 v = __ldcg(src + (mt * 8 + j) * 32);
+                            acc[mt][j][0] += v.x;
+                            acc[mt][j][1] += v.y;
+                            acc[mt][j][2] += v.z;
+                            acc[mt][j][3] += v.w;
+                        }
                 }
+            }
         }
         // the block's outputs ((acc + bias) * topk weight, in T) staged in shared memory, then copied out as whole
         // 16-byte chunks of each routed row: 8 lanes write 128 contiguous bytes, where the fragments hold 4 bytes
@@ -597,7 +625,8 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         // component hc = 2h + c2) shared among the warps, each adding one component of the 8 blocks' sums
         constexpr int UNITS = WN * MT * 4;
         const float *redf = reinterpret_cast<const float *>(smem);
-        if constexpr (!SPLIT) {
+        static_assert(SPLIT != 2, "stream-K: tiles with K whole in each warp (WK = 1) only");
+        if constexpr (SPLIT == 0) {
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
                 for (int u = warp; u < UNITS; u += WARPS) {
                     const int hc = u % 4, mt = (u / 4) % MT, gn = u / (4 * MT);
@@ -639,7 +668,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
 #pragma unroll
             for (int sl = 0; sl < NSL; sl++)
                 if (live[sl]) __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32, out[sl]);
-            if (!last_to_arrive(p.counters + tile, splits, s_src[0])) return;
+            if (!last_to_arrive(p.counters + tile, 1, splits, s_src[0])) return;
             // block bl's sums over the splits, in split order: the same bits whichever block is last
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
                 // each warp adds its blocks' splits, then the totals go through shared memory (the reduction buffer,
@@ -679,6 +708,37 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
     }
 }
 
+// The grouped GEMM: grid routing blocks x channel tiles (channel tiles fastest where n_fast: whenever the routing
+// blocks fit gridDim.y, so the live routing blocks launch first, and the blocks that run together read neighbouring
+// pieces of one expert's weights and the same gathered rows) x K splits (SPLIT = 1: split z of gridDim.z takes
+// k-tiles [z nkt / splits, (z + 1) nkt / splits), every split at least one); or, for a dense call (SPLIT = 2),
+// gridDim.x stream-K blocks, each taking its range of (tile, k-tile) units as up to three segments: a partial tile,
+// whole tiles, a partial tile.
+template <typename T, int LAYOUT, int MT, int WN, int KS, int SPLIT>
+__global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a16_moe_launch p) {
+    using TL = Tile<LAYOUT, MT, WN, KS>;
+    const int nkt = (p.K + TL::BK - 1) / TL::BK; // nkt < 2^24, splits <= 16: int math
+    if constexpr (SPLIT == 2) {
+        const int ntn = (p.N + TL::BN - 1) / TL::BN;
+        const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
+        long long u = blockIdx.x * U / B;
+        const long long u1 = (blockIdx.x + 1) * U / B;
+        for (int seg = 0; u < u1; seg++) {
+            const int t = (int)(u / nkt), k0 = (int)(u % nkt), n = (int)min((long long)(nkt - k0), u1 - u);
+            if (seg > 0) __syncthreads(); // the last segment's epilogue is done with shared memory
+            tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, t / ntn, t % ntn, k0, n, seg == 0 ? 0 : 1, t);
+            u += n;
+        }
+    } else {
+        const bool n_fast = p.n_fast != 0;
+        const int blk = n_fast ? blockIdx.y : blockIdx.x, ntile = n_fast ? blockIdx.x : blockIdx.y;
+        const int splits = SPLIT == 1 ? (int)gridDim.z : 1;
+        const int kt0 = SPLIT == 1 ? (int)blockIdx.z * nkt / splits : 0;
+        const int nk = SPLIT == 1 ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
+        tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, blk, ntile, kt0, nk, 0, 0);
+    }
+}
+
 // The tiles (W4A16_MOE_TILE_*, moe_launch.h): <MT, WN, KS> (see Tile).
 template <int TILE> struct Cfg;
 #define W4A16_MOE_CFG_(tile, mt, wn, ks)                                                                               \
@@ -692,13 +752,16 @@ W4A16_MOE_CFG_(W4A16_MOE_TILE_64, 4, 4, 4)
 
 template <int LAYOUT, int TILE> using TileOf = Tile<LAYOUT, Cfg<TILE>::MT, Cfg<TILE>::WN, Cfg<TILE>::KS>;
 
-// The kernel of a launch (the K-splitting one where `split`: 16 x 64 and 32-row tiles) and its dynamic shared memory.
+// The kernel of a launch (split: 1 the K-splitting one, 2 the stream-K one, where the tile has them; moe_launch.h)
+// and its dynamic shared memory.
 template <typename T, int LAYOUT, int TILE>
-void kernel_of(const w4a16_moe_launch &a, bool split, void (**kern)(w4a16_moe_launch), int *smem) {
+void kernel_of(const w4a16_moe_launch &a, int split, void (**kern)(w4a16_moe_launch), int *smem) {
     constexpr int MT = Cfg<TILE>::MT, WN = Cfg<TILE>::WN, KS = Cfg<TILE>::KS;
-    *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, false>;
+    *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, 0>;
     if constexpr (w4a16_moe_tile_can_split(TILE))
-        if (split) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, true>;
+        if (split == 1) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, 1>;
+    if constexpr (w4a16_moe_tile_can_stream_k(TILE))
+        if (split == 2) *kern = gemm_kernel<T, LAYOUT, MT, WN, KS, 2>;
     *smem = TileOf<LAYOUT, TILE>::smem(a.stages);
 }
 
@@ -707,19 +770,21 @@ template <typename T, int LAYOUT, int TILE> cudaError_t launch(const w4a16_moe_l
     constexpr int BN = TileOf<LAYOUT, TILE>::BN;
     void (*kern)(w4a16_moe_launch);
     int smem;
-    kernel_of<T, LAYOUT, TILE>(a, a.splits > 1, &kern, &smem);
+    kernel_of<T, LAYOUT, TILE>(a, w4a16_moe_launch_split(&a), &kern, &smem);
     // cudaLaunchKernelEx returns this launch's own status, where <<<>>> + cudaGetLastError would also report (and
     // clear) an earlier error of someone else's
     cudaLaunchConfig_t c = {};
     const unsigned ntiles = (a.N + BN - 1) / BN;
-    c.gridDim = a.n_fast ? dim3(ntiles, a.grid_blocks, a.splits) : dim3(a.grid_blocks, ntiles, a.splits);
+    c.gridDim = a.sk_blocks > 0 ? dim3(a.sk_blocks)
+                : a.n_fast      ? dim3(ntiles, a.grid_blocks, a.splits)
+                                : dim3(a.grid_blocks, ntiles, a.splits);
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem;
     c.stream = static_cast<cudaStream_t>(a.stream);
     return cudaLaunchKernelEx(&c, kern, a);
 }
 
-template <typename T, int LAYOUT, int TILE> cudaError_t prepare(const w4a16_moe_launch &a, bool split, int *n) {
+template <typename T, int LAYOUT, int TILE> cudaError_t prepare(const w4a16_moe_launch &a, int split, int *n) {
     void (*kern)(w4a16_moe_launch);
     int smem;
     kernel_of<T, LAYOUT, TILE>(a, split, &kern, &smem);
@@ -760,7 +825,7 @@ template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch
     }
 }
 
-template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launch &a, bool split, int *n) {
+template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launch &a, int split, int *n) {
     switch (a.tile) {
     case W4A16_MOE_TILE_16x64:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_16x64>(a, split, n);
@@ -806,7 +871,7 @@ extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, 
 
 extern "C" int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
     using namespace w4a16::moe;
-    const bool sp = split != 0;
+    const int sp = split;
     if (a->dtype == 0)
         return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
                                              : prepare_tile<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);

@@ -32,18 +32,19 @@ typedef struct w4a16_moe_launch {
     int tile;      /* W4A16_MOE_TILE_*, holding block_size rows */
     int splits;    /* K split across gridDim.z blocks (w4a16_moe_tile_can_split; MoE plans split only 16x64); 1: none */
     int n_fast;    /* grid x = channel tiles, y = routing blocks (else the other way round) */
+    int sk_blocks; /* > 0: a dense call's stream-K over this many blocks (w4a16_moe_tile_can_stream_k); splits 1 */
     int *counters; /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
-    void *partials; /* workspace: splits x BM x BN fp32 sums per tile */
+    void *partials; /* workspace: splits x BM x BN fp32 sums per tile; stream-K: 2 x BM x BN per block */
     void *stream;
 } w4a16_moe_launch;
 
 /* Launches the grouped GEMM; its kernel must have been prepared on this device (w4a16_moe_prepare) for the launch's
  * tile, layout, dtype, split, stages and carveout. */
 int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
-/* Sets the dynamic shared memory and carveout attributes of the launch's kernel (the K-splitting one where `split`,
- * tiles W4A16_MOE_TILE_16x64 and _32) on the current device, as its launch needs them, and gives the resident blocks
- * per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per device and kernel (cached).
- */
+/* Sets the dynamic shared memory and carveout attributes of the launch's kernel (split: 0 the plain one, 1 the
+ * K-splitting one, 2 the stream-K one; w4a16_moe_launch_split) on the current device, as its launch needs them, and
+ * gives the resident blocks per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per
+ * device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
 /* The GEMM tiles (rows x channels per block, k per pipeline stage); csrc/moe.c picks one per call. */
 enum {
@@ -63,9 +64,15 @@ enum {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
     return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : 64;
 }
-/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans), 32 x 128 and 64 x 256 (the dense rows plans). */
+/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
-    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_64;
+    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
+}
+/* The tile with a stream-K instance (dense calls): 64 x 256, whose warps each hold K whole. */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) { return tile == W4A16_MOE_TILE_64; }
+/* The kernel instance a launch runs: 0 plain, 1 K split across blocks, 2 stream-K. */
+static inline int w4a16_moe_launch_split(const w4a16_moe_launch *a) {
+    return a->splits > 1 ? 1 : a->sk_blocks > 0 ? 2 : 0;
 }
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
     return tile == W4A16_MOE_TILE_16x64 ? 64 : tile == W4A16_MOE_TILE_16x128 || tile == W4A16_MOE_TILE_32 ? 128 : 256;

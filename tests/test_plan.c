@@ -296,14 +296,24 @@ static void test_plan_invariants(void **state) {
                                 const long long t = (long long)pl.grid[0] * pl.grid[1],
                                                 slots = (long long)st.sm_count * pl.blocks_per_sm;
                                 const int mid32 = M <= st.profile->mid32_max_m;
-                                if (r64 && pl.splits > 1) {
-                                    /* two K splits of at most half a wave of tiles filling most of it, with a
-                                     * workspace; in the Marlin layout only up to mid M */
-                                    assert_true(st.profile->rows64_split_min_fill > 0 && !mid32 && ws > 0);
-                                    assert_int_equal(pl.splits, 2);
-                                    assert_true(t * 2 <= slots &&
-                                                t * 2 * 100 >= slots * st.profile->rows64_split_min_fill);
-                                    assert_true(layout == W4A16_LAYOUT_AWQ || M <= st.profile->mid_max_m);
+                                if (r64 && pl.sk_blocks > 0) {
+                                    /* stream-K where whole tiles would leave the slots partly idle: with a
+                                     * workspace, at least one block per SM, at most one per slot, each at least
+                                     * rows64_sk_min_kt k-tiles; the workspace holds two partial tiles per block and a
+                                     * counter per tile; the launch's grid still counts the tiles */
+                                    assert_true(st.profile->rows64_sk_min_kt > 0 && !mid32 && ws > 0);
+                                    assert_int_equal(pl.splits, 1);
+                                    assert_int_equal(pl.sk_tiles, t);
+                                    assert_in_range(pl.sk_blocks, st.sm_count, slots);
+                                    assert_true(t * (K / 64) >= (long long)pl.sk_blocks * st.profile->rows64_sk_min_kt);
+                                    assert_true(w4a16_workspace_counters_bytes(st.sm_count) +
+                                                    2 * (size_t)pl.sk_blocks * 64 * 256 * sizeof(float) <=
+                                                ws_bytes(ws, st.sm_count, N, K));
+                                    assert_true(t <=
+                                                (long long)(w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int)));
+                                    assert_false(t * 100 >= slots * st.profile->rows64_min_fill &&
+                                                 t * 100 >= (t + slots - 1) / slots * slots *
+                                                                st.profile->rows64_min_wave_fill);
                                 } else if (r64) {
                                     /* past the 32-row regime; its tiles fill most of a wave and of all they take */
                                     assert_true(st.profile->rows64_min_fill > 0 && !mid32);
@@ -467,12 +477,19 @@ static void test_forced_profile_while_planning(void **state) {
     assert_true(plans[0] > 0 && plans[1] > 0);
 }
 
-/* A Marlin fp16 call with the small workspace planned on a described device (under `forced`, if given), printed. */
-static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms, int smem_block, int wgmma,
-                                 const char *forced, int M, int N, int K) {
+/* A Marlin fp16 call with the small workspace planned on a described device (under `forced`, if given), printed;
+ * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32) switched off, to check the dense kernels' plans. */
+static w4a16_plan plan_marlin_on_(const char *name, const char *profile, int sms, int smem_block, int wgmma,
+                                  const char *forced, int M, int N, int K, int dense_only) {
     plan_device d = {name, profile, sms, smem_block, wgmma};
     w4a16_device_state st = device_state(&d);
     if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
+    w4a16_profile dense;
+    if (dense_only) {
+        dense = *st.profile;
+        dense.rows64_min_fill = dense.rows32_max_k = 0;
+        st.profile = &dense;
+    }
     w4a16_plan pl;
     assert_int_equal(
         w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, M, N, K, w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
@@ -482,8 +499,13 @@ static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms,
     print_message("  %-13s M=%d N=%d: %s\n", name, M, N, text);
     return pl;
 }
+static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms, int smem_block, int wgmma,
+                                 const char *forced, int M, int N, int K) {
+    return plan_marlin_on_(name, profile, sms, smem_block, wgmma, forced, M, N, K, 0);
+}
 
-/* By hand: stream-K plans of the mma.sync tile kernel (configs.h, profiles.c, plan.c), Marlin fp16, small workspace.
+/* By hand: stream-K plans of the mma.sync tile kernel (configs.h, profiles.c, plan.c), Marlin fp16, small workspace,
+ * the MoE-tile plans off (most of these shapes run rows-64 with stream-K now: test_hand_checked_rows).
  * Stage bytes: A BM x BK x 2 + weights (BK / 16) x 2 BN x 4 + scales (BK / 32) x BN x 2 + zeros (BK / 32) x BN / 2. */
 static void test_hand_checked_stream_k(void **state) {
     (void)state;
@@ -517,8 +539,8 @@ static void test_hand_checked_stream_k(void **state) {
         {"A100", "sm80", 108, 166912, 0, NULL, 128, 4096, 14336, W4A16_CFG_WIDE64, 4, 70656, 96, 32, 96},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
-                                             c[i].forced, c[i].M, c[i].N, c[i].K);
+        const w4a16_plan pl = plan_marlin_on_(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
+                                              c[i].forced, c[i].M, c[i].N, c[i].K, 1);
         assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.stages, c[i].stages);
@@ -588,40 +610,45 @@ static void test_hand_checked_rows(void **state) {
         const char *name, *profile;
         int sms, smem_block, wgmma;
         const char *forced;
-        int M, N, K, rows, stages, smem, per_sm, splits;
+        int M, N, K, rows, stages, smem, per_sm, splits, sk; /* sk: stream-K blocks (0: whole tiles) */
     } c[] = {
-        /* 8 x 40 = 320 tiles >= 0.85 x 216 */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2, 1},
+        /* 8 x 40 = 320 tiles >= 0.85 x 216: whole tiles */
+        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2, 1, 0},
         /* 16 x 16 = 256 tiles >= 0.85 x 264 on 132 SMs ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2, 1},
-        /* ... < 0.85 x 340 on 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 0, 0, 0, 0, 1},
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2, 1},
-        /* 2 x 112 = 224 < 0.85 x 340; 4 x 224 = 896 32-row tiles > 3 x 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 0, 0, 0, 0, 1},
-        /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 0, 0, 0, 0, 1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2, 1, 0},
+        /* ... < 0.85 x 340 on 170: stream-K, one block per slot (256 x 224 k-tiles: 168 a block) */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 64, 2, 35328, 2, 1, 340},
+        /* 64 x 16 = 1024 tiles: 4 waves of 340, 75% used */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2, 1, 0},
+        /* 2 x 112 = 224 < 0.85 x 340, and 4 x 224 = 896 32-row tiles > 3 x 170: stream-K */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 64, 2, 35328, 2, 1, 340},
+        /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used: stream-K */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 64, 2, 35328, 2, 1, 264},
         /* 16 x 40 = 640: three waves, 81% */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2, 1},
-        /* 4 x 32 = 128 32-row tiles <= 3 x 132, under half of them: K split 3 ways (396 / 128; 64 k-tiles) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3, 3},
-        /* the same tiles, K past 8192 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 0, 0, 0, 0, 1},
-        /* 8 x 48 = 384 <= 3 x 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 32, 3, 32768, 3, 1},
-        /* 8 x 80 = 640 > 3 x 132 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 0, 0, 0, 0, 1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2, 1, 0},
+        /* 4 x 32 = 128 32-row tiles <= 3 x 132, under half of them: K split 3 ways (396 / 128; 64 k-tiles), which keeps
+         * the 32-row tile */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3, 3, 0},
+        /* the same tiles, K past 8192: no 32-row plan; 2 x 16 = 32 64-row tiles x 224 k-tiles, stream-K */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 64, 2, 35328, 2, 1, 264},
+        /* 8 x 48 = 384 32-row tiles <= 3 x 170 would not split: 4 x 24 = 96 64-row tiles x 64 k-tiles, stream-K over
+         * 340 blocks (18 k-tiles each) */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 64, 2, 35328, 2, 1, 340},
+        /* 8 x 80 = 640 > 3 x 132: 4 x 40 = 160 64-row tiles, stream-K */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 64, 2, 35328, 2, 1, 264},
         /* M 17-32: 1 x 224 = 224 >= 3 x 132 / 2 ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1, 0},
         /* ... 1 x 48 = 48 are not */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1},
-        /* 1 x 112 tiles <= 132 (half a wave): two K splits fill 224 >= 0.8 x 264 slots (M <= 64, Marlin) ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 2},
-        /* ... not 0.8 x 340 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 64, 28672, 4096, 0, 0, 0, 0, 1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1, 0},
+        /* 1 x 112 tiles x 64 k-tiles: stream-K over 264 slots (27 k-tiles each) ... */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 1, 264},
+        /* ... or 340 (21 each) */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 64, 28672, 4096, 64, 2, 35328, 2, 1, 340},
+        /* 1 x 24 tiles x 64 k-tiles make 96 blocks of 16, fewer than the SMs: no rows-64 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 6144, 4096, 0, 0, 0, 0, 1, 0},
         /* the H100's own profile runs wgmma there */
-        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1},
-        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1},
+        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1, 0},
+        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
@@ -635,6 +662,7 @@ static void test_hand_checked_rows(void **state) {
         assert_int_equal(pl.grid[1], c[i].N / (c[i].rows == 64 ? 256 : 128));
         assert_int_equal(pl.splits, c[i].splits);
         assert_int_equal(pl.grid[2], c[i].splits);
+        assert_int_equal(pl.sk_blocks, c[i].sk);
     }
     /* The AWQ layout takes the 32 x 128 tile at M 17-64 wherever its tiles fit a wave: llama3-8b.qkv at M = 32 keeps
      * the dense 32 x 256 tile in the Marlin layout (above), and in AWQ runs 1 x 48 tiles with K split 6 ways (396 / 48
@@ -649,20 +677,17 @@ static void test_hand_checked_rows(void **state) {
     assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
     assert_int_equal(pl.grid[0] * pl.grid[1], 48);
     assert_int_equal(pl.splits, 6);
-    /* ... and the 64 x 256 tile with two K splits past M = 64 too: llama3-8b.o at M = 512 is 8 x 16 = 128 tiles <= 132,
-     * 256 >= 0.8 x 264 (the Marlin layout runs the dense 128 x 256 tile there) */
-    assert_int_equal(
-        w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 512, 4096, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
-        W4A16_OK);
-    assert_int_equal(pl.kind, W4A16_KERNEL_ROWS64);
-    assert_int_equal(pl.splits, 2);
-    assert_int_equal(
-        w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, 512, 4096, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
-        W4A16_OK);
-    assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
-    /* no workspace: no split, so no rows-64 */
-    assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 512, 4096, 4096, 0, "test", &pl), W4A16_OK);
-    assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, 0);
+    /* ... and where a 32-row plan would split K fewer than 3 ways the 64 x 256 tile with stream-K: llama3-8b.o at
+     * M = 512 is 8 x 16 = 128 tiles x 64 k-tiles over 264 blocks, in both layouts; without a workspace neither */
+    for (int layout = 0; layout < 2; layout++) {
+        assert_int_equal(w4a16_plan_gemm(&st, layout, 0, 512, 4096, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
+                         W4A16_OK);
+        assert_int_equal(pl.kind, W4A16_KERNEL_ROWS64);
+        assert_int_equal(pl.sk_blocks, 264);
+        assert_int_equal(pl.sk_tiles, 128);
+        assert_int_equal(w4a16_plan_gemm(&st, layout, 0, 512, 4096, 4096, 0, "test", &pl), W4A16_OK);
+        assert_int_equal(pl.kind == W4A16_KERNEL_ROWS64, 0);
+    }
 }
 
 int main(void) {
