@@ -74,18 +74,22 @@ static const w4a16_profile sm89 = {
     W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
-/* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; from M = 17 the sm_90a wgmma kernel,
- * from M = 1024 the staged path when the workspace holds a slab. */
+/* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; M 17-32 on the mma.sync tiles of the
+ * other profiles (the 32 x 256 tile, rows-32 on wide layers, decode tiles on narrow ones: 0.72-1.06x the 64-token
+ * wgmma tile's time there, docs/PERFORMANCE.md v30); from M = 33 the sm_90a wgmma kernel, from M = 1024 the staged
+ * path when the workspace holds a slab. */
 static const w4a16_profile sm90 = {
     .name = "sm90",
     .arch = 90,
     .fallback = "sm80",
     .smem_per_sm = SMEM_228KB,
-    W4A16_MMA_REGIMES(32),
+    W4A16_MMA_REGIMES(16),
     .small = {W4A16_CFG_DECODE_DEEP, 3},
     .small_split = {W4A16_CFG_DECODE_DEEP, 3},
+    .mid32_max_m = 32,
+    .mid32 = {W4A16_CFG_WIDE32, 3},
     W4A16_TILES_164KB_MID_LARGE,
-    .wgmma_min_m = 17,
+    .wgmma_min_m = 33,
     .wgmma_t128_min_m = 65,
     .wgmma_large_min_m = 129,
     .wgmma_t128_min_tiles = 32,
