@@ -386,7 +386,7 @@ static w4a16_status moe_gemm(int layout, const void *A, const int32_t *W, const 
         fprintf(stderr, "w4a16: %s M=%d top_k=%d E=%d N=%d K=%d G=%d %s: %s\n", op, M, top_k, E, N, K, G,
                 dtype ? "bf16" : "fp16", text);
     }
-    int occ, err = moe_prepare(device, &a, a.splits > 1, &occ);
+    int occ, err = moe_prepare(device, &a, w4a16_moe_launch_split(&a), &occ);
     if (err == cudaSuccess) err = w4a16_launch_moe_gemm(&a);
     return w4a16_launch_status(err, op);
 }

@@ -141,12 +141,11 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
  * - else, with a workspace, stream-K: one block per slot (fewer where a block would get under rows64_sk_min_kt
  *   k-tiles; at least one per SM), each taking an equal range of the tiles' k-tiles ("v29"). Over M 48-512 of the
  *   harness under sm120 it took 0.96x (Marlin) / 0.91x (AWQ) the time of the plans before (0.63-0.93x on 45 of 128
- *   rows, 1.05-1.15x on 14), except where a rows-32 plan splits K rows32_keep_min_splits ways or more (few tiles of
- *   short K: the 32-row tile's split measured 1.1-1.2x faster there). */
-static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
-                       w4a16_plan *pl);
+ *   rows, 1.05-1.15x on 14), except where the rows-32 plan splits K rows32_keep_min_splits ways or more
+ *   (rows32_splits: its K splits, 0 where it has none; few tiles of short K: the 32-row tile's split measured 1.1-1.2x
+ *   faster there). */
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
-                       w4a16_plan *pl) {
+                       int rows32_splits, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
@@ -154,19 +153,17 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_64, 2, M, N, &c); /* moe.cu's tests hold it at 2 per SM */
     if (!per_sm) return 0;
     const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
-    /* it has no stream-K: a last wave nearly empty costs a whole tile's time */
+    /* whole tiles: a last wave nearly empty would cost a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
     if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) {
         /* else stream-K over the slots, each block at least 16 k-tiles, at least one block per SM, the workspace
          * holding two partial tiles per block and a counter per tile; not where a 32-row plan splits K 3 ways or more
          * (few tiles of short K) */
-        w4a16_plan r32 = *pl;
-        if (!workspace_bytes || p->rows64_sk_min_kt <= 0 ||
-            (plan_rows32(st, layout, M, N, K, workspace_bytes, &r32) && r32.splits >= p->rows32_keep_min_splits))
-            return 0;
+        if (!workspace_bytes || p->rows64_sk_min_kt <= 0 || rows32_splits >= p->rows32_keep_min_splits) return 0;
         const long long units = tiles * cdiv(K, 64);
         const long long blocks = slots < units / p->rows64_sk_min_kt ? slots : units / p->rows64_sk_min_kt;
-        const size_t tile_bytes = (size_t)64 * 256 * sizeof(float);
+        const size_t tile_bytes =
+            (size_t)w4a16_moe_tile_rows(W4A16_MOE_TILE_64) * w4a16_moe_tile_bn(W4A16_MOE_TILE_64) * sizeof(float);
         if (blocks < st->sm_count ||
             w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
             tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
@@ -276,8 +273,14 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    if (plan_rows64(st, layout, M, N, K, workspace_bytes, pl) || plan_rows32(st, layout, M, N, K, workspace_bytes, pl))
+    /* the 32-row plan first: the 64-row one's stream-K yields to it where it splits K several ways */
+    w4a16_plan r32 = *pl;
+    const int rows32 = plan_rows32(st, layout, M, N, K, workspace_bytes, &r32);
+    if (plan_rows64(st, layout, M, N, K, workspace_bytes, rows32 ? r32.splits : 0, pl)) return W4A16_OK;
+    if (rows32) {
+        *pl = r32;
         return W4A16_OK;
+    }
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
@@ -339,21 +342,20 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
-    else if (W4A16_KERNEL_ROWS(pl->kind) && pl->sk_blocks > 0)
+    else if (W4A16_KERNEL_ROWS(pl->kind)) {
+        char split[64];
+        if (pl->sk_blocks > 0)
+            snprintf(split, sizeof split, "stream-K %d blocks over %d tiles", pl->sk_blocks, pl->sk_tiles);
+        else
+            snprintf(split, sizeof split, "%d K split%s, grid %dx%dx%d", pl->splits, pl->splits > 1 ? "s" : "",
+                     pl->grid[0], pl->grid[1], pl->grid[2]);
         n = snprintf(buf, size,
-                     "%s (the MoE kernel's %s tile, %d stages, identity routing), stream-K %d blocks over %d tiles, "
-                     "%d threads, %d bytes shared, %d block%s/SM",
+                     "%s (the MoE kernel's %s tile, %d stages, identity routing), %s, %d threads, %d bytes shared, "
+                     "%d block%s/SM",
                      w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
-                     pl->stages, pl->sk_blocks, pl->sk_tiles, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
+                     pl->stages, split, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
-    else if (W4A16_KERNEL_ROWS(pl->kind))
-        n = snprintf(buf, size,
-                     "%s (the MoE kernel's %s tile, %d stages, identity routing), %d K split%s, grid %dx%dx%d, "
-                     "%d threads, %d bytes shared, %d block%s/SM",
-                     w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
-                     pl->stages, pl->splits, pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2],
-                     pl->threads, pl->smem_bytes, pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
-    else if (pl->kind == W4A16_KERNEL_MMA)
+    } else if (pl->kind == W4A16_KERNEL_MMA)
         n = snprintf(buf, size,
                      "%s config %d (%s, %d stages), stream-K %d blocks over %d tiles, grid %d, %d threads, "
                      "%d bytes shared, %d block%s/SM",

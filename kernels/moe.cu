@@ -11,12 +11,12 @@
 // their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
 // which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32- and 64-row tiles for the dense rows
-// plans):
+// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32-row tile for the dense rows-32 plans):
 // where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
 // routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
 // workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
-// sums in split order, so the result is the same bits on every run whichever block arrives last.
+// sums in split order, so the result is the same bits on every run whichever block arrives last. Dense rows-64 plans
+// share k-tiles by stream-K instead (gemm_kernel, SPLIT = 2), with the same counter and the same fixed order.
 #include "common.cuh"
 #include "configs.h"
 #include "launch.h"
@@ -174,8 +174,8 @@ __device__ __forceinline__ int sk_slot(int b, int t, int nkt, long long U, long 
 }
 
 // One tile (routing block blk x channel tile ntile) over k-tiles [kt0, kt0 + nk). SPLIT: 0 the whole K; 1 K split
-// across gridDim.z blocks; 2 a stream-K segment (sk_slot: the block's workspace slot of a partial tile, sk_tile: its
-// index). The split kinds are separate instances, so the unsplit kernels carry none of their code.
+// across gridDim.z blocks; 2 a stream-K segment (sk_slot_of_block: the block's workspace slot of a partial tile,
+// sk_tile: the tile's index). The split kinds are separate instances, so the unsplit kernels carry none of their code.
 template <typename T, int LAYOUT, int MT, int WN, int KS, int SPLIT>
 __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int blk, const int ntile, const int kt0,
                                           const int nk, const int sk_slot_of_block, const int sk_tile) {
@@ -502,28 +502,26 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
         *reinterpret_cast<uint4 *>(C + (size_t)dst * N + c0) = make_uint4(w[0], w[1], w[2], w[3]);
     };
     if constexpr (WK == 1) {
-        if constexpr (SPLIT != 0) {
-            if (SPLIT == 1 || nk < nkt) {
-                // a partial tile: its fp32 sums to the workspace as they lie in the registers; the tile's last block
-                // to arrive adds every part in block (split) order into its accumulators and stores as an unsplit
-                // block does
+        // (no tile with K whole in each warp has a K-splitting instance: w4a16_moe_tile_can_split)
+        static_assert(SPLIT != 1, "K split across blocks: tiles that split K among their warps (WK > 1) only");
+        if constexpr (SPLIT == 2) {
+            if (nk < nkt) {
+                // a partial tile of stream-K: its fp32 sums to this block's workspace slot as they lie in the
+                // registers; the block that completes the tile's k-tiles adds every part in block order into its
+                // accumulators and stores as an unsplit block does
                 constexpr int TILE_F4 = WARPS * MT * 8 * 32;
                 float4 *const base = static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane;
                 const long long U = (long long)p.grid_blocks * ((N + BN - 1) / BN) * nkt, B = gridDim.x;
-                const int tile = SPLIT == 1 ? ntile * (n_fast ? (int)gridDim.y : (int)gridDim.x) + blk : sk_tile;
-                float4 *const mine = base + (SPLIT == 1 ? ((size_t)tile * splits + blockIdx.z)
-                                                        : (size_t)blockIdx.x * 2 + sk_slot_of_block) *
-                                                TILE_F4;
+                float4 *const mine = base + ((size_t)blockIdx.x * 2 + sk_slot_of_block) * TILE_F4;
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int j = 0; j < 8; j++)
                         __stcg(mine + (mt * 8 + j) * 32,
                                make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
-                if (!last_to_arrive(p.counters + tile, SPLIT == 1 ? 1 : nk, SPLIT == 1 ? splits : nkt, s_src[0]))
-                    return;
-                const int c0 = SPLIT == 1 ? 0 : sk_block_of((long long)tile * nkt, U, B);
-                const int c1 = SPLIT == 1 ? splits - 1 : sk_block_of((long long)tile * nkt + nkt - 1, U, B);
+                if (!last_to_arrive(p.counters + sk_tile, nk, nkt, s_src[0])) return;
+                const int c0 = sk_block_of((long long)sk_tile * nkt, U, B);
+                const int c1 = sk_block_of((long long)sk_tile * nkt + nkt - 1, U, B);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -531,9 +529,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
 #pragma unroll
                         for (int c = 0; c < 4; c++) acc[mt][j][c] = 0.f;
                 for (int c = c0; c <= c1; c++) {
-                    const float4 *src =
-                        base + (SPLIT == 1 ? (size_t)tile * splits + c : (size_t)c * 2 + sk_slot(c, tile, nkt, U, B)) *
-                                   TILE_F4;
+                    const float4 *src = base + ((size_t)c * 2 + sk_slot(c, sk_tile, nkt, U, B)) * TILE_F4;
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -871,12 +867,11 @@ extern "C" int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, 
 
 extern "C" int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm) {
     using namespace w4a16::moe;
-    const int sp = split;
     if (a->dtype == 0)
-        return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__half, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                             : prepare_tile<__half, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
-    return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, sp, blocks_per_sm)
-                                         : prepare_tile<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, sp, blocks_per_sm);
+        return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__half, W4A16_LAYOUT_AWQ>(*a, split, blocks_per_sm)
+                                             : prepare_tile<__half, W4A16_LAYOUT_MARLIN>(*a, split, blocks_per_sm);
+    return a->layout == W4A16_LAYOUT_AWQ ? prepare_tile<__nv_bfloat16, W4A16_LAYOUT_AWQ>(*a, split, blocks_per_sm)
+                                         : prepare_tile<__nv_bfloat16, W4A16_LAYOUT_MARLIN>(*a, split, blocks_per_sm);
 }
 
 extern "C" int w4a16_launch_moe_gemm(const w4a16_moe_launch *a) {
