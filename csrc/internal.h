@@ -43,9 +43,10 @@ typedef struct w4a16_profile {
     /* compute capability 9.0 with the sm_90a images loaded: wgmma tiles (W4A16_WGMMA_*) from wgmma_min_m (0: never):
      * T64 below wgmma_t128_min_m, T128 below wgmma_large_min_m, T256 from it; T128 falls back to T64 when it makes
      * fewer than wgmma_t128_min_tiles tiles, and T64 widens to T64_WIDE when that makes at least
-     * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM */
+     * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM; below 256 tokens T256 gives way to T64 where its blocks
+     * (after its K split) would take at most wgmma_t64_max_kt k-tiles of 64 each (> 0) */
     int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
-    int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm;
+    int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm, wgmma_t64_max_kt;
     int staged_min_m;            /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
                                     dequantised weights (w4a16_workspace_size_staged) */
     int mid32_min_tiles_per_8sm; /* M 17-32 (mid32) keeps the decode tiles where the mid32 tile makes at most this many

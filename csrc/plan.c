@@ -76,6 +76,23 @@ void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int
     *sk_tiles = (int)shared;
 }
 
+/* The plan of wgmma tile `id` over M x N x K: its K splits and grid. */
+static void wgmma_plan(const w4a16_device_state *st, int id, int M, int N, int K, size_t workspace_bytes,
+                       w4a16_plan *pl) {
+    const int tiles_m = cdiv(M, w4a16_wgmma_tm(id)), tiles_n = cdiv(N, w4a16_wgmma_bn(id));
+    pl->kind = W4A16_KERNEL_WGMMA;
+    pl->cfg = id;
+    pl->stages = w4a16_wgmma_stages(id);
+    pl->threads = w4a16_wgmma_threads(id);
+    pl->blocks_per_sm = w4a16_wgmma_minb(id);
+    pl->splits = 1;
+    if (workspace_bytes > 0)
+        pl->splits = w4a16_choose_splits(pl->blocks_per_sm, tiles_m * tiles_n, cdiv(K, 64), st->sm_count, 2);
+    pl->grid[0] = tiles_m;
+    pl->grid[1] = tiles_n;
+    pl->grid[2] = pl->splits;
+}
+
 /* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
 static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t workspace_bytes, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -90,17 +107,17 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
     if (id == W4A16_WGMMA_T64 && (long long)cdiv(N, w4a16_wgmma_bn(W4A16_WGMMA_T64_WIDE)) * 2 >=
                                      (long long)p->wgmma_wide_min_half_tiles_per_sm * st->sm_count)
         id = W4A16_WGMMA_T64_WIDE;
-    const int tiles_m = cdiv(M, w4a16_wgmma_tm(id)), tiles_n = cdiv(N, w4a16_wgmma_bn(id));
-    pl->kind = W4A16_KERNEL_WGMMA;
-    pl->cfg = id;
-    pl->stages = w4a16_wgmma_stages(id);
-    pl->threads = w4a16_wgmma_threads(id);
-    pl->blocks_per_sm = w4a16_wgmma_minb(id);
-    if (workspace_bytes > 0)
-        pl->splits = w4a16_choose_splits(pl->blocks_per_sm, tiles_m * tiles_n, cdiv(K, 64), st->sm_count, 2);
-    pl->grid[0] = tiles_m;
-    pl->grid[1] = tiles_n;
-    pl->grid[2] = pl->splits;
+    wgmma_plan(st, id, M, N, K, workspace_bytes, pl);
+    /* Below 256 tokens the 256-token tile computes padding rows (M = 160: 37% of its MMAs, 192: 25%), and on layers
+     * with few channel tiles its K split leaves each block a short k range, over which its 5-stage pipeline (320 k)
+     * fills and drains with one block per SM. There the 64-token tile (at most 63 padding rows, two blocks per SM)
+     * runs instead: under the native profile on the H100 0.58-0.89x the time at M = 129-192 where the 256-token
+     * blocks took 896-1365 k (Qwen2.5-7B qkv / o, Gemma-3-27B o, Llama-3-8B o; at M = 224-255, 12% padding or less,
+     * 0.83-0.89x on two of them, 1.04-1.07x on Gemma-3-27B o), and 1.08-1.6x where they took 2560 k or more (Phi-4
+     * qkv, Qwen2.5-72B o, the down projections; docs/PERFORMANCE.md "v31"). */
+    if (id == W4A16_WGMMA_T256 && M < 256 && p->wgmma_t64_max_kt > 0 &&
+        cdiv(K, 64) <= (long long)p->wgmma_t64_max_kt * pl->splits)
+        wgmma_plan(st, W4A16_WGMMA_T64, M, N, K, workspace_bytes, pl);
 }
 
 /* Whether M is in the mid32 regime (M 17-32 where the profile has one) on a layer so narrow that the mid32 tile makes

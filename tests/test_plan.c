@@ -552,6 +552,29 @@ static void test_hand_checked_stream_k(void **state) {
     }
 }
 
+/* By hand: the H100's wgmma tile below 256 tokens (csrc/plan.c plan_wgmma, v31). The 256-token tile runs M 129-255;
+ * on a layer with few 128-channel tiles its K split leaves each block at most 24 k-tiles of 64 (1536 k) and the
+ * 64-token tile takes over: Qwen2.5-7B qkv (N = 4608: 36 tiles, K = 3584 = 56 k-tiles, split 3 ways: 19 each) at
+ * M = 129 and 192; the same layer at M = 256 (no padding rows) keeps it; Qwen2.5-72B o (K = 8192: 128 k-tiles in 2
+ * splits, 64 each) and a wide layer (Llama-3-8B gate_up, one split of 64 k-tiles) keep it at M = 192. */
+static void test_hand_checked_wgmma_t64(void **state) {
+    (void)state;
+    const struct {
+        int M, N, K, cfg, splits, grid_m;
+    } c[] = {
+        {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},   {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
+        {256, 4608, 3584, W4A16_WGMMA_T256, 3, 1},  {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1},
+        {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1}, {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const w4a16_plan pl = plan_marlin_on("H100", "sm90", 132, 232448, 1, NULL, c[i].M, c[i].N, c[i].K);
+        assert_int_equal(pl.kind, W4A16_KERNEL_WGMMA);
+        assert_int_equal(pl.cfg, c[i].cfg);
+        assert_int_equal(pl.splits, c[i].splits);
+        assert_int_equal(pl.grid[0], c[i].grid_m);
+    }
+}
+
 /* By hand (kernels/moe.cu's tiles; the sizes are what the GPU tests' plans print): the MoE tiles' shared memory, and
  * the pipeline depth each device's profile gives them. The 64-row tile (64 x 256, 64 k per stage: 8192 bytes of
  * activations, 8192 of Marlin weights or 9216 of AWQ ones, 1024 + 256 of scale / zero rows) takes 52992 / 56064 bytes
@@ -697,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
         cmocka_unit_test(test_hand_checked_stream_k),
+        cmocka_unit_test(test_hand_checked_wgmma_t64),
         cmocka_unit_test(test_hand_checked_rows),
         cmocka_unit_test(test_forced_profile_while_planning),
         cmocka_unit_test(test_moe_stages),
