@@ -76,7 +76,7 @@ static const w4a16_profile sm89 = {
 };
 /* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; M 17-32 on the mma.sync tiles of the
  * other profiles (the 32 x 256 tile, rows-32 on wide layers, decode tiles on narrow ones: 0.72-1.06x the 64-token
- * wgmma tile's time there, docs/PERFORMANCE.md v30); from M = 33 the sm_90a wgmma kernel (below 256 tokens the
+ * wgmma tile's time there, docs/PERFORMANCE.md v30); from M = 33 the sm_90a wgmma kernel (up to 256 tokens the
  * 64-token tile where the 256-token one's blocks would get at most 24 k-tiles: v31), from M = 1024 the staged path
  * when the workspace holds a slab. */
 static const w4a16_profile sm90 = {

@@ -552,19 +552,21 @@ static void test_hand_checked_stream_k(void **state) {
     }
 }
 
-/* By hand: the H100's wgmma tile below 256 tokens (csrc/plan.c plan_wgmma, v31). The 256-token tile runs M 129-255;
- * on a layer with few 128-channel tiles its K split leaves each block at most 24 k-tiles of 64 (1536 k) and the
- * 64-token tile takes over: Qwen2.5-7B qkv (N = 4608: 36 tiles, K = 3584 = 56 k-tiles, split 3 ways: 19 each) at
- * M = 129 and 192; the same layer at M = 256 (no padding rows) keeps it; Qwen2.5-72B o (K = 8192: 128 k-tiles in 2
- * splits, 64 each) and a wide layer (Llama-3-8B gate_up, one split of 64 k-tiles) keep it at M = 192. */
+/* By hand: the H100's wgmma tile up to 256 tokens (csrc/plan.c plan_wgmma, v31). The 256-token tile runs M 129-256
+ * except on a layer with few 128-channel tiles where its K split would leave each block at most 24 k-tiles of 64
+ * (1536 k): there the 64-token tile takes over: Qwen2.5-7B qkv (N = 4608: 36 tiles, K = 3584 = 56 k-tiles, split 3
+ * ways: 19 each) at M = 129, 192 and 256, not at M = 257 (two 256-token row tiles: 72 tiles, no split, 56 k-tiles
+ * each); Qwen2.5-72B o (K = 8192: 128 k-tiles in 2 splits, 64 each) and a wide layer (Llama-3-8B gate_up, one split of
+ * 64 k-tiles) keep it at M = 192. */
 static void test_hand_checked_wgmma_t64(void **state) {
     (void)state;
     const struct {
         int M, N, K, cfg, splits, grid_m;
     } c[] = {
-        {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},   {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
-        {256, 4608, 3584, W4A16_WGMMA_T256, 3, 1},  {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1},
-        {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1}, {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
+        {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},  {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
+        {256, 4608, 3584, W4A16_WGMMA_T64, 1, 4},  {257, 4608, 3584, W4A16_WGMMA_T256, 1, 2},
+        {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1}, {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1},
+        {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on("H100", "sm90", 132, 232448, 1, NULL, c[i].M, c[i].N, c[i].K);
