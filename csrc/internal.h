@@ -43,8 +43,8 @@ typedef struct w4a16_profile {
     /* compute capability 9.0 with the sm_90a images loaded: wgmma tiles (W4A16_WGMMA_*) from wgmma_min_m (0: never):
      * T64 below wgmma_t128_min_m, T128 below wgmma_large_min_m, T256 from it; T128 falls back to T64 when it makes
      * fewer than wgmma_t128_min_tiles tiles, and T64 widens to T64_WIDE when that makes at least
-     * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM; up to 256 tokens T256 gives way to T64 where its blocks
-     * (after its K split) would take at most wgmma_t64_max_kt k-tiles of 64 each (> 0) */
+     * wgmma_wide_min_half_tiles_per_sm / 2 tiles per SM; up to 256 tokens T256 gives way to T64 where it splits K
+     * and its blocks would take at most wgmma_t64_max_kt k-tiles of 64 each (> 0) */
     int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
     int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm, wgmma_t64_max_kt;
     int staged_min_m;            /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of

@@ -108,14 +108,14 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
                                      (long long)p->wgmma_wide_min_half_tiles_per_sm * st->sm_count)
         id = W4A16_WGMMA_T64_WIDE;
     wgmma_plan(st, id, M, N, K, workspace_bytes, pl);
-    /* Up to 256 tokens, on layers with few channel tiles, the 256-token tile's K split leaves each block a short k
-     * range, over which its 5-stage pipeline (320 k) fills and drains with one block per SM; below 256 tokens it also
-     * computes padding rows (M = 160: 37% of its MMAs). There the 64-token tile (at most 63 padding rows, two blocks
-     * per SM) runs instead: under the native profile on the H100 0.58-0.89x the time at M = 129-192 where the
-     * 256-token blocks took 896-1365 k (Qwen2.5-7B qkv / o, Gemma-3-27B o, Llama-3-8B o), 0.87-0.89x at M = 224-256
-     * on two of them and 1.04-1.09x on Gemma-3-27B o; 1.08-1.6x where the blocks took 2560 k or more (Phi-4 qkv,
-     * Qwen2.5-72B o, the down projections; docs/PERFORMANCE.md "v31"). */
-    if (id == W4A16_WGMMA_T256 && M <= 256 && p->wgmma_t64_max_kt > 0 &&
+    /* Up to 256 tokens, on layers with few channel tiles (those it splits K for), the 256-token tile's K split leaves
+     * each block a short k range, over which its 5-stage pipeline (320 k) fills and drains with one block per SM;
+     * below 256 tokens it also computes padding rows (M = 160: 37% of its MMAs). There the 64-token tile (at most 63
+     * padding rows, two blocks per SM) runs instead: under the native profile on the H100 0.58-0.89x the time at M =
+     * 129-192 where the 256-token blocks took 896-1365 k (Qwen2.5-7B qkv / o, Gemma-3-27B o, Llama-3-8B o), 0.87-0.89x
+     * at M = 224-256 on two of them and 1.04-1.09x on Gemma-3-27B o; 1.08-1.6x where the blocks took 2560 k or more
+     * (Phi-4 qkv, Qwen2.5-72B o, the down projections; docs/PERFORMANCE.md "v31"). */
+    if (id == W4A16_WGMMA_T256 && M <= 256 && p->wgmma_t64_max_kt > 0 && pl->splits > 1 &&
         cdiv(K, 64) <= (long long)p->wgmma_t64_max_kt * pl->splits)
         wgmma_plan(st, W4A16_WGMMA_T64, M, N, K, workspace_bytes, pl);
 }

@@ -557,16 +557,16 @@ static void test_hand_checked_stream_k(void **state) {
  * (1536 k): there the 64-token tile takes over: Qwen2.5-7B qkv (N = 4608: 36 tiles, K = 3584 = 56 k-tiles, split 3
  * ways: 19 each) at M = 129, 192 and 256, not at M = 257 (two 256-token row tiles: 72 tiles, no split, 56 k-tiles
  * each); Qwen2.5-72B o (K = 8192: 128 k-tiles in 2 splits, 64 each) and a wide layer (Llama-3-8B gate_up, one split of
- * 64 k-tiles) keep it at M = 192. */
+ * 64 k-tiles) keep it at M = 192, as does a wide layer of short K that it does not split (K = 1536). */
 static void test_hand_checked_wgmma_t64(void **state) {
     (void)state;
     const struct {
         int M, N, K, cfg, splits, grid_m;
     } c[] = {
-        {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},  {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
-        {256, 4608, 3584, W4A16_WGMMA_T64, 1, 4},  {257, 4608, 3584, W4A16_WGMMA_T256, 1, 2},
-        {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1}, {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1},
-        {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
+        {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},   {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
+        {256, 4608, 3584, W4A16_WGMMA_T64, 1, 4},   {257, 4608, 3584, W4A16_WGMMA_T256, 1, 2},
+        {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1},  {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1},
+        {192, 28672, 1536, W4A16_WGMMA_T256, 1, 1}, {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_marlin_on("H100", "sm90", 132, 232448, 1, NULL, c[i].M, c[i].N, c[i].K);
