@@ -320,12 +320,15 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
     };
 
     float acc[MT][8][4];
+    auto zero_acc = [&] { // also where a stream-K block starts adding a tile's parts
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+                for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    };
+    zero_acc();
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
         if (s < nk) issue_a(s * RK, smem + s * STAGE);
@@ -522,12 +525,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
                 if (!last_to_arrive(p.counters + sk_tile, nk, nkt, s_src[0])) return;
                 const int c0 = sk_block_of((long long)sk_tile * nkt, U, B);
                 const int c1 = sk_block_of((long long)sk_tile * nkt + nkt - 1, U, B);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-#pragma unroll
-                        for (int c = 0; c < 4; c++) acc[mt][j][c] = 0.f;
+                zero_acc();
                 for (int c = c0; c <= c1; c++) {
                     const float4 *src = base + ((size_t)c * 2 + sk_slot(c, sk_tile, nkt, U, B)) * TILE_F4;
 #pragma unroll
