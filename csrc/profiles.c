@@ -13,11 +13,12 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 
 const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL; }
 
-/* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (16, then the 32 x 256 tile up to
- * M = 32; 32 on Hopper, whose mma.sync tiles run only without its wgmma images), the deep decode tile when its tiles
- * make fewer than 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no
- * wgmma tile runs, the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the
- * waves they take, or 80% of one wave with K split in two (csrc/plan.c plan_rows64). */
+/* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (16), then the 32 x 256 tile up to
+ * M = 32 (rows-32 on wide layers, the decode tiles on narrow ones), the deep decode tile when its tiles make fewer than
+ * 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no wgmma tile runs,
+ * the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the waves they take,
+ * else, with a workspace, with stream-K over its slots, each block at least 16 k-tiles, unless a 32-row plan splits K 3
+ * ways or more (csrc/plan.c plan_rows64). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
     .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \
     .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4, .mid32_min_tiles_per_8sm = 1, .rows64_min_fill = 85,          \

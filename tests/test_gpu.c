@@ -540,10 +540,10 @@ static void test_forced_profiles(void **state) {
 }
 
 /* Dense GEMMs on the MoE kernel's tiles: under every forced profile that plans them, "rows-64" (64 x 256) on a layer
- * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and with two K splits where they fill
- * half a wave, M = 48; "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles); M not a multiple of the
- * tile's rows (a partial row block), both paths, both dtypes, GPTQ's symmetric weights, with and without bias, every
- * group size. */
+ * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and with stream-K where they fill
+ * less (M = 48: one partial row tile; M = 500: blocks spanning tiles); "rows-32" (32 x 128) on a narrow one at
+ * M = 200 (mid2 M, few tiles, K split) and a wide one at M = 24; M not a multiple of the tile's rows (a partial row
+ * block), both paths, both dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
 static void test_rows_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
