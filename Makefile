@@ -91,7 +91,14 @@ PAIRS    := $(shell grep -o 'X([0-9]*, *[0-9]*)' kernels/instances.h | sed 's/X(
 WGMMA    := $(if $(filter 90,$(ARCHS)),1,)
 WGMMA_DEF := $(if $(WGMMA),-DW4A16_HAVE_WGMMA=1,)
 WGMMA_OBJ := $(if $(WGMMA),$(PAIRS:%=$(BUILD)/kernels/gemm_sm90_%.o),)
+# The warp-specialised dense tile (kernels/tile_ws.cu) uses setmaxnreg, which only the architecture-specific targets
+# have: it is built as sm_90a / sm_120a / sm_121a machine code for those of 90 / 120 / 121 in ARCHS (else as a stub
+# that the host never plans).
+WS_ARCHS := $(filter 90 120 121,$(ARCHS))
+WS_GENCODE := $(if $(WS_ARCHS),$(foreach a,$(WS_ARCHS),-gencode arch=compute_$(a)a$(comma)code=sm_$(a)a) \
+                -DW4A16_WS_IMAGES=1,$(GENCODE))
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(BUILD)/kernels/convert.o $(BUILD)/kernels/dispatch.o $(BUILD)/kernels/moe.o \
+            $(BUILD)/kernels/tile_ws.o \
             $(PAIRS:%=$(BUILD)/kernels/gemm_%.o) $(WGMMA_OBJ)
 REF_OBJ  := $(REF_C:%.c=$(BUILD)/%.o)
 KERNEL_H := $(wildcard kernels/*.h kernels/*.cuh)
@@ -124,6 +131,10 @@ $(BUILD)/kernels/moe.o: kernels/moe.cu $(KERNEL_H)
 $(BUILD)/kernels/convert.o $(BUILD)/kernels/dispatch.o: $(BUILD)/kernels/%.o: kernels/%.cu $(KERNEL_H)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(WGMMA_DEF) -c $< -o $@
+
+$(BUILD)/kernels/tile_ws.o: kernels/tile_ws.cu $(KERNEL_H)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out -gencode arch=%,$(NVFLAGS)) $(WS_GENCODE) -c $< -o $@
 
 # sm_90a only (wgmma), once per (dtype, layout)
 $(BUILD)/kernels/gemm_sm90_%.o: kernels/gemm_sm90.cu $(KERNEL_H)

@@ -7,6 +7,7 @@
  * timings, are those its GPUs would see; K splits and grids still use the device's own SM count. Before any profile is
  * accepted, one kernel image is loaded (cudaFuncGetAttributes) so a GPU this build cannot run is reported
  * here, naming its compute capability and the compiled architectures, and never reached by a launch. */
+#include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -174,6 +175,12 @@ static const w4a16_device_state *init_state(int device, w4a16_device_views *v) {
                  "%s",
                  prop.name, prop.major, prop.minor, cudaGetErrorString(e), w4a16_compiled_archs());
         return st;
+    }
+    /* the architecture-specific images of the warp-specialised tile run on exactly these compute capabilities */
+    if (arch == 90 || arch == 120 || arch == 121) {
+        st->ws = w4a16_probe_ws() == cudaSuccess &&
+                 (size_t)w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 3) <= st->smem_optin;
+        cudaGetLastError();
     }
     if (arch == 90) { /* exactly 9.0: sm_90a images do not run on other Hopper-family parts */
         st->wgmma = w4a16_probe_gemm_wgmma() == cudaSuccess && (size_t)w4a16_gemm_wgmma_smem_bytes() <= st->smem_optin;

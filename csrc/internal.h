@@ -57,6 +57,10 @@ typedef struct w4a16_profile {
     int rows64_sk_min_kt; /* > 0: ... or else, with a workspace, stream-K over its slots, each block at least this many
                              k-tiles (and one block per SM) ... */
     int rows32_keep_min_splits; /* ... except where a rows-32 plan would split K this many ways or more */
+    int rows128_min_m; /* > 0: on a device with its image (w4a16_device_state.ws), the rows-64 plans of the Marlin
+                          layout take the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128) from this M, in whole
+                          tiles where they fill at least rows128_min_wave_fill percent of the waves they take */
+    int rows128_min_wave_fill;
     int rows32_max_k; /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                          mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                          at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
@@ -83,6 +87,7 @@ typedef struct w4a16_device_state {
     int carveout;           /* -1, or the shared-memory carveout (percent) that holds an SM to smem_per_sm */
     const w4a16_profile *profile;
     int wgmma;     /* the device runs the sm_90a wgmma kernels (compute capability 9.0, images loaded) */
+    int ws;        /* the device runs the warp-specialised rows-128 tile (sm_90a / sm_120a / sm_121a image loaded) */
     int pdl;       /* programmatic dependent launch exists (compute capability 9.0 and up): W4A16_FLAG_PDL */
     int log_level; /* W4A16_LOG at first use: 1 device choices, 2 also every GEMM's plan */
 } w4a16_device_state;

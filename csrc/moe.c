@@ -180,7 +180,9 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .layout = g->layout,
         .stages = g->plan.stages,
         .carveout = g->plan.carveout,
-        .tile = rows == 64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32,
+        .tile = rows == 128  ? W4A16_MOE_TILE_128
+                : rows == 64 ? W4A16_MOE_TILE_64
+                             : W4A16_MOE_TILE_32,
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,

@@ -139,10 +139,10 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
     if ((size_t)smem > st->smem_optin) return 0;
-    pl->kind = rows == 64 ? W4A16_KERNEL_ROWS64 : W4A16_KERNEL_ROWS32;
+    pl->kind = rows == 128 ? W4A16_KERNEL_ROWS128 : rows == 64 ? W4A16_KERNEL_ROWS64 : W4A16_KERNEL_ROWS32;
     pl->cfg = rows;
     pl->stages = stages;
-    pl->threads = W4A16_MOE_THREADS;
+    pl->threads = w4a16_moe_tile_threads(tile);
     pl->smem_bytes = smem;
     pl->blocks_per_sm = tile_blocks_per_sm(st, smem, minb);
     pl->grid[0] = cdiv(M, rows);
@@ -167,20 +167,25 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
     w4a16_plan c = *pl;
-    const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_64, 2, M, N, &c); /* moe.cu's tests hold it at 2 per SM */
+    /* the warp-specialised 128-row tile (Marlin layout) from rows128_min_m, one block per SM; else 64 x 256, whose
+     * register budget moe.cu's tests hold at 2 per SM */
+    const int tile = st->ws && p->rows128_min_m > 0 && M >= p->rows128_min_m && layout == W4A16_LAYOUT_MARLIN
+                         ? W4A16_MOE_TILE_128
+                         : W4A16_MOE_TILE_64;
+    const int per_sm = rows_plan(st, layout, tile, tile == W4A16_MOE_TILE_128 ? 1 : 2, M, N, &c);
     if (!per_sm) return 0;
     const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
     /* whole tiles: a last wave nearly empty would cost a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
-    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * p->rows64_min_wave_fill) {
+    const int wave_fill = tile == W4A16_MOE_TILE_128 ? p->rows128_min_wave_fill : p->rows64_min_wave_fill;
+    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * wave_fill) {
         /* else stream-K over the slots, each block at least 16 k-tiles, at least one block per SM, the workspace
          * holding two partial tiles per block and a counter per tile; not where a 32-row plan splits K 3 ways or more
          * (few tiles of short K) */
         if (!workspace_bytes || p->rows64_sk_min_kt <= 0 || rows32_splits >= p->rows32_keep_min_splits) return 0;
         const long long units = tiles * cdiv(K, 64);
         const long long blocks = slots < units / p->rows64_sk_min_kt ? slots : units / p->rows64_sk_min_kt;
-        const size_t tile_bytes =
-            (size_t)w4a16_moe_tile_rows(W4A16_MOE_TILE_64) * w4a16_moe_tile_bn(W4A16_MOE_TILE_64) * sizeof(float);
+        const size_t tile_bytes = (size_t)w4a16_moe_tile_rows(tile) * w4a16_moe_tile_bn(tile) * sizeof(float);
         if (blocks < st->sm_count ||
             w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
             tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
@@ -369,7 +374,10 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
         n = snprintf(buf, size,
                      "%s (the MoE kernel's %s tile, %d stages, identity routing), %s, %d threads, %d bytes shared, "
                      "%d block%s/SM",
-                     w4a16_kernel_kind_name(pl->kind), pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256" : "32 x 128",
+                     w4a16_kernel_kind_name(pl->kind),
+                     pl->kind == W4A16_KERNEL_ROWS128  ? "warp-specialised 128 x 256"
+                     : pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256"
+                                                       : "32 x 128",
                      pl->stages, split, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     } else if (pl->kind == W4A16_KERNEL_MMA)

@@ -49,6 +49,12 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
     .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 2}, .mid32_max_m = 32,                      \
     .mid32 = {W4A16_CFG_WIDE32, 3}, W4A16_TILES_164KB_MID_LARGE
 
+/* The warp-specialised 128 x 256 tile (kernels/tile_ws.cu; sm_90a / sm_120a / sm_121a images) in place of the 64 x 256
+ * one from M = 65, in whole tiles where they fill 90% of the waves they take (one block per SM makes a partly empty
+ * last wave cost more than rows-64's two: 1.06-1.13x its time with rows-64's 70%), else stream-K. Under the sm120
+ * profile on the H100 it took 0.75-0.92x rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32). */
+#define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90
+
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
 
 static const w4a16_profile sm80 = {
@@ -86,6 +92,7 @@ static const w4a16_profile sm90 = {
     .fallback = "sm80",
     .smem_per_sm = SMEM_228KB,
     W4A16_MMA_REGIMES(16),
+    W4A16_ROWS128,
     .small = {W4A16_CFG_DECODE_DEEP, 3},
     .small_split = {W4A16_CFG_DECODE_DEEP, 3},
     .mid32_max_m = 32,
@@ -113,6 +120,7 @@ static const w4a16_profile sm120 = {
     .fallback = "sm89",
     .smem_per_sm = SMEM_100KB,
     W4A16_MMA_REGIMES(16),
+    W4A16_ROWS128,
     W4A16_TILES_100KB,
 };
 static const w4a16_profile sm121 = {
@@ -121,6 +129,7 @@ static const w4a16_profile sm121 = {
     .fallback = "sm120",
     .smem_per_sm = SMEM_100KB,
     W4A16_MMA_REGIMES(16),
+    W4A16_ROWS128,
     W4A16_TILES_100KB,
 };
 

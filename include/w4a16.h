@@ -163,8 +163,9 @@ W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
  * shared memory and carveout, which this sets on the kernel as a launch would). Arguments as for w4a16_awq_gemm
  * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
 typedef struct w4a16_gemm_plan_info {
-    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64" or "rows-32" (MoE tiles) */
-    int config;      /* tile config id (mma.sync or wgmma list, by kernel; rows-64 / rows-32: 64 / 32) */
+    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64" or "rows-32" (MoE tiles),
+                        "rows-128" (the warp-specialised 128 x 256 tile) */
+    int config;      /* tile config id (mma.sync or wgmma list, by kernel; rows-*: the tile's rows) */
     int stages, splits, grid[3], threads, smem_bytes;
     int blocks_per_sm;      /* resident blocks per SM the plan sized its K split for */
     int smem_blocks_per_sm; /* blocks the profile's SM holds by shared memory (mma.sync kernels; 0 otherwise) */
@@ -196,8 +197,8 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
 /* Options of the *_ex GEMM entry points (bit flags; other bits are rejected with W4A16_ERR_INVALID_VALUE).
  * W4A16_FLAG_REDUCE_IN_DTYPE: when K is split across blocks, round the partial sums to the output dtype before
  * adding them (vLLM's use_fp32_reduce = false): half the workspace traffic, slightly less accurate. The default
- * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-32" and "rows-64" (the MoE
- * kernel's tiles) always add fp32 partials. */
+ * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-32", "rows-64" (the MoE
+ * kernel's tiles) and "rows-128" always add fp32 partials. */
 #define W4A16_FLAG_REDUCE_IN_DTYPE 1u
 /* W4A16_FLAG_PDL: launch with programmatic dependent launch (compute capability 9.0 and up; ignored below). The
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,

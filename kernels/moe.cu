@@ -21,6 +21,7 @@
 #include "configs.h"
 #include "launch.h"
 #include "moe_launch.h"
+#include "stream_k.cuh"
 #include <cuda_runtime.h>
 
 namespace w4a16 {
@@ -161,17 +162,6 @@ __device__ __forceinline__ bool last_to_arrive(int *counter, int add, int total,
 // Resident blocks the register allocation must allow (csrc/moe.c counts blocks per SM from the occupancy API): 4 for
 // the 16-row tiles (<= 128 registers), 3 for the 32-row one (<= 168); unbounded, the compiler took 135 and 180.
 constexpr int min_blocks(int mt) { return mt == 1 ? 4 : mt == 2 ? 3 : 1; }
-
-// Stream-K of a dense call (SPLIT = 2): block b of B takes units [b U / B, (b + 1) U / B) of the U = tiles x nkt
-// (tile, k-tile) units, tile-major, channel tiles fastest; the block that holds unit x, and the workspace slot of
-// block b's partial sums of tile t (0: the tile its range starts in, 1: the one it ends in; the tiles in between it
-// computes whole).
-__device__ __forceinline__ int sk_block_of(long long x, long long U, long long B) {
-    return (int)(((x + 1) * B - 1) / U);
-}
-__device__ __forceinline__ int sk_slot(int b, int t, int nkt, long long U, long long B) {
-    return (long long)b * U / B / nkt == t ? 0 : 1;
-}
 
 // One tile (routing block blk x channel tile ntile) over k-tiles [kt0, kt0 + nk). SPLIT: 0 the whole K; 1 K split
 // across gridDim.z blocks; 2 a stream-K segment (sk_slot_of_block: the block's workspace slot of a partial tile,
@@ -806,6 +796,8 @@ static_assert(TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BK == W4A16_MOE_SP
 
 template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch &a) {
     switch (a.tile) {
+    case W4A16_MOE_TILE_128: // the warp-specialised tile (kernels/tile_ws.cu): Marlin layout only
+        return LAYOUT == W4A16_LAYOUT_MARLIN ? (cudaError_t)w4a16_launch_ws(&a) : cudaErrorInvalidValue;
     case W4A16_MOE_TILE_16x64:
         return launch<T, LAYOUT, W4A16_MOE_TILE_16x64>(a);
     case W4A16_MOE_TILE_16x128:
@@ -821,6 +813,8 @@ template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch
 
 template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launch &a, int split, int *n) {
     switch (a.tile) {
+    case W4A16_MOE_TILE_128:
+        return LAYOUT == W4A16_LAYOUT_MARLIN ? (cudaError_t)w4a16_prepare_ws(&a, n) : cudaErrorInvalidValue;
     case W4A16_MOE_TILE_16x64:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_16x64>(a, split, n);
     case W4A16_MOE_TILE_16x128:

@@ -11,8 +11,9 @@ extern "C" {
 
 /* Largest expert count the routing kernel holds in shared memory (3 counters per expert). */
 enum { W4A16_MOE_MAX_EXPERTS = 2048 };
-/* Threads of a grouped-GEMM block (4 warps). */
-enum { W4A16_MOE_THREADS = 128 };
+/* Threads of a grouped-GEMM block (4 warps), and of the warp-specialised dense tile (two math warpgroups and a
+ * producer warpgroup). */
+enum { W4A16_MOE_THREADS = 128, W4A16_MOE_WS_THREADS = 384 };
 
 int w4a16_launch_moe_align(const int32_t *topk_ids, int num_entries, int num_experts, int block_size,
                            int32_t *sorted_ids, int sorted_capacity, int32_t *expert_ids, int blocks_capacity,
@@ -46,6 +47,12 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
  * gives the resident blocks per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per
  * device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
+/* The warp-specialised dense tile (W4A16_MOE_TILE_128, Marlin layout; kernels/tile_ws.cu): its launch and its
+ * preparation as above, and whether this device can load it (its kernels exist only as sm_90a / sm_120a / sm_121a
+ * machine code: they set their warps' register budgets with setmaxnreg); cudaError_t. */
+int w4a16_launch_ws(const w4a16_moe_launch *a);
+int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm);
+int w4a16_probe_ws(void);
 /* The GEMM tiles (rows x channels per block, k per pipeline stage); csrc/moe.c picks one per call. */
 enum {
     W4A16_MOE_TILE_16x64 = 0,  /* 16 x 64, 128 k: the 4 warps split each stage's k; the one MoE plans split K for */
@@ -53,7 +60,8 @@ enum {
     W4A16_MOE_TILE_16x256 = 2, /* 16 x 256, 64 k: each warp its 64 channels over whole stages */
     W4A16_MOE_TILE_32 = 3,     /* 32 x 128, 64 k */
     W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
-    W4A16_MOE_TILES = 5
+    W4A16_MOE_TILE_128 = 5, /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cuh; Marlin, dense) */
+    W4A16_MOE_TILES = 6
 };
 
 #ifdef __cplusplus
@@ -62,14 +70,20 @@ enum {
 #define W4A16_MOE_CONSTEXPR_
 #endif
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
-    return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : 64;
+    return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : tile == W4A16_MOE_TILE_128 ? 128 : 64;
 }
 /* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
     return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
 }
-/* The tile with a stream-K instance (dense calls): 64 x 256, whose warps each hold K whole. */
-static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) { return tile == W4A16_MOE_TILE_64; }
+/* The tiles with a stream-K instance (dense calls): 64 x 256 and 128 x 256, whose warps each hold K whole. */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) {
+    return tile == W4A16_MOE_TILE_64 || tile == W4A16_MOE_TILE_128;
+}
+/* Threads of a tile's block. */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_threads(int tile) {
+    return tile == W4A16_MOE_TILE_128 ? W4A16_MOE_WS_THREADS : W4A16_MOE_THREADS;
+}
 /* The kernel instance a launch runs: 0 plain, 1 K split across blocks, 2 stream-K. */
 static inline int w4a16_moe_launch_split(const w4a16_moe_launch *a) {
     return a->splits > 1 ? 1 : a->sk_blocks > 0 ? 2 : 0;
@@ -84,6 +98,10 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
  * rows; the K-split warps reduce through the buffers (WK > 1), the unsplit tiles stage their output tile (rows padded
  * by 8). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
+    if (tile == W4A16_MOE_TILE_128) { /* tile_ws.cuh: A, Marlin weights, 2 scale and zero-point rows; output staged */
+        const int st = 128 * 64 * 2 + 4 * 2 * 256 * 4 + 2 * 256 * 2 + 2 * 32 * 4, out = 128 * (256 + 8) * 2;
+        return stages * st > out ? stages * st : out;
+    }
     const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;
     const int ks = tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4 : 2;
     const int wk = 4 / wn, bk = 16 * wk * ks, slots = bk / 32;

@@ -161,3 +161,13 @@ int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *b) {
     (void)b;
     abort();
 }
+int w4a16_launch_ws(const w4a16_moe_launch *a) {
+    (void)a;
+    abort();
+}
+int w4a16_prepare_ws(const w4a16_moe_launch *a, int *b) {
+    (void)a;
+    (void)b;
+    abort();
+}
+int w4a16_probe_ws(void) { abort(); }

@@ -5,17 +5,18 @@
 #define W4A16_PLAN_GRID_H
 #include "cases.h"
 
-/* name, profile, SMs, sharedMemPerBlockOptin (the SM has 1 KB more), sm_90a wgmma kernels loaded */
+/* name, profile, SMs, sharedMemPerBlockOptin (the SM has 1 KB more), sm_90a wgmma kernels loaded, the warp-specialised
+ * tile's image loaded (sm_90a / sm_120a / sm_121a: compute capability 9.0, 12.0, 12.1) */
 typedef struct plan_device {
     const char *name, *profile;
-    int sms, smem_block, wgmma;
+    int sms, smem_block, wgmma, ws;
 } plan_device;
 static const plan_device plan_devices[] = {
-    {"h100", "sm90", 132, 232448, 1},       {"h100-sm80", "sm80", 132, 232448, 1},
-    {"sm120-132", "sm120", 132, 101376, 0}, {"a100", "sm80", 108, 166912, 0},
-    {"rtx5090", "sm120", 170, 101376, 0},   {"rtxpro6000", "sm120", 188, 101376, 0},
-    {"gb10", "sm121", 48, 101376, 0},       {"l40s", "sm89", 142, 101376, 0},
-    {"b200", "sm100", 148, 232448, 0},      {"sm80-132", "sm80", 132, 166912, 0},
+    {"h100", "sm90", 132, 232448, 1, 1},       {"h100-sm80", "sm80", 132, 232448, 1, 1},
+    {"sm120-132", "sm120", 132, 101376, 0, 1}, {"a100", "sm80", 108, 166912, 0, 0},
+    {"rtx5090", "sm120", 170, 101376, 0, 1},   {"rtxpro6000", "sm120", 188, 101376, 0, 1},
+    {"gb10", "sm121", 48, 101376, 0, 1},       {"l40s", "sm89", 142, 101376, 0, 0},
+    {"b200", "sm100", 148, 232448, 0, 0},      {"sm80-132", "sm80", 132, 166912, 0, 0},
 };
 #define PLAN_NUM_DEVICES ((int)(sizeof plan_devices / sizeof plan_devices[0]))
 static const struct { int K, N; } plan_extra[] = {{128, 64}, {256, 192}, {4096, 128}, {1024, 64 * 397}};

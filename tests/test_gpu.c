@@ -25,6 +25,7 @@ static cublasHandle_t blas;
 static void *workspace;
 static size_t workspace_bytes;
 static int sm_count;
+static int ws_device;     /* the GPU loads the rows-128 tile's image (compute capability 9.0, 12.0, 12.1) */
 static int staged_device; /* compute capability 9.0 under the sm90 profile: large-M AWQ GEMMs can run staged */
 static void *ws_other;    /* use_ws == 2 in check_gemm: this workspace instead (test_awq_staged) */
 static size_t ws_other_bytes;
@@ -539,26 +540,32 @@ static void test_forced_profiles(void **state) {
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
 }
 
-/* Dense GEMMs on the MoE kernel's tiles: under every forced profile that plans them, "rows-64" (64 x 256) on a layer
- * wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and with stream-K where they fill
- * less (M = 48: one partial row tile; M = 500: blocks spanning tiles); "rows-32" (32 x 128) on a narrow one at
- * M = 200 (mid2 M, few tiles, K split) and a wide one at M = 24; M not a multiple of the tile's rows (a partial row
- * block), both paths, both dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
+/* Dense GEMMs on the MoE kernel's tiles and the warp-specialised one: under every forced profile that plans them,
+ * "rows-64" (64 x 256) on a layer wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and
+ * with stream-K where they fill less (M = 48: one partial row tile; M = 500: blocks spanning tiles); the profiles whose
+ * GPUs load the warp-specialised tile's image (sm90, sm120, sm121) plan "rows-128" (128 x 256) for the Marlin layout of
+ * the same calls at M = 1000 (whole tiles) and 500 (stream-K), while the AWQ layout keeps rows-64, and at M = 300 on a
+ * layer whose channels end in half a tile (stream-K); "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few
+ * tiles, K split) and a wide one at M = 24; M not a multiple of the tile's rows (a partial row block), both paths, both
+ * dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
 static void test_rows_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
     const char *const *names = w4a16_profile_names();
     const struct {
-        const char *kernel;
-        int M, N, K, split; /* split: the plan must split K (across blocks, or stream-K) */
-    } shapes[] = {{"rows-64", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
+        const char *kernel, *marlin_kernel; /* the plan of the AWQ layout, and of the Marlin one where it differs */
+        int M, N, K, split;                 /* split: the plan must split K (across blocks, or stream-K) */
+    } shapes[] = {{"rows-64", "rows-128", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
                   /* 90% of an SM count of 64-row tiles (a partial one: M = 48): stream-K over the slots */
-                  {"rows-64", 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
+                  {"rows-64", NULL, 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
                   /* 8 x 0.3 SMs tiles: 1.2 waves of two slots per SM, the second 20% full: stream-K, blocks spanning
-                   * tiles */
-                  {"rows-64", 500, 256 * (sm_count * 3 / 10), quick ? 1024 : 4096, 1},
-                  {"rows-32", 200, 1024, quick ? 1280 : 4096, 1},
-                  {"rows-32", 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
+                   * tiles (rows-128: 4 x 0.3 SMs tiles, stream-K too) */
+                  {"rows-64", "rows-128", 500, 256 * (sm_count * 3 / 10), quick ? 1024 : 4096, 1},
+                  /* 3 x (SMs / 4 + 1) tiles of 128 rows, the last row tile 44 rows, the last channel tile half one */
+                  {"rows-64", "rows-128", 300, 256 * (sm_count / 4) + 128, quick ? 2048 : 4096, 1},
+                  {"rows-32", NULL, 200, 1024, quick ? 1280 : 4096, 1},
+                  {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
+    int planned128 = 0;
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         int planned = 0;
@@ -566,13 +573,20 @@ static void test_rows_tiles(void **state) {
             w4a16_status s = w4a16_force_profile(names[p]);
             if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
             assert_int_equal(s, W4A16_OK);
-            w4a16_gemm_plan_info pi;
-            W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
-            printf("  profile %-5s M=%d N=%d: %s\n", names[p], M, N, pi.text);
-            if (strcmp(pi.kernel, shapes[sh].kernel) != 0) continue;
-            if (shapes[sh].split && pi.splits < 2 && !strstr(pi.text, "stream-K"))
-                fail_msg("profile %s: %s did not split K", names[p], pi.text);
+            w4a16_gemm_plan_info pa, pm;
+            W4_CHECK(w4a16_gemm_plan(0, M, N, K, 128, W4A16_FP16, workspace_bytes, &pa));
+            W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pm));
+            printf("  profile %-5s M=%d N=%d: awq %s\n                marlin %s\n", names[p], M, N, pa.text, pm.text);
+            /* the Marlin layout's alternative where the profile plans it (on a GPU with its image) */
+            const char *mk = shapes[sh].marlin_kernel && strcmp(pm.kernel, shapes[sh].marlin_kernel) == 0
+                                 ? shapes[sh].marlin_kernel
+                                 : shapes[sh].kernel;
+            if (strcmp(pa.kernel, shapes[sh].kernel) != 0 || strcmp(pm.kernel, mk) != 0) continue;
+            if (shapes[sh].split &&
+                ((pa.splits < 2 && !strstr(pa.text, "stream-K")) || (pm.splits < 2 && !strstr(pm.text, "stream-K"))))
+                fail_msg("profile %s: %s / %s did not split K", names[p], pa.text, pm.text);
             planned++;
+            planned128 += strcmp(mk, "rows-128") == 0;
             stats st = {0};
             for (int d = 0; d < 2; d++)
                 for (int g = 0; g < 4; g++) {
@@ -584,12 +598,15 @@ static void test_rows_tiles(void **state) {
                     gpu_layer_free(&L);
                 }
             char what[64];
-            snprintf(what, sizeof what, "%s under profile %s", shapes[sh].kernel, names[p]);
+            snprintf(what, sizeof what, "%s / %s under profile %s", shapes[sh].kernel, mk, names[p]);
             stats_print(what, &st);
         }
         assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
         if (planned == 0) fail_msg("no profile planned %s for M=%d N=%d K=%d", shapes[sh].kernel, M, N, K);
     }
+    /* the sm90 / sm120 / sm121 profiles plan rows-128 on the three Marlin shapes (sm90 itself runs wgmma there) */
+    if (ws_device && planned128 < 6) fail_msg("rows-128 planned %d times, expected 6 or more", planned128);
+    if (!ws_device) printf("  rows-128 not run: this GPU does not load its sm_90a / sm_120a / sm_121a image\n");
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
@@ -1170,6 +1187,8 @@ static int setup(void **state) {
     have_gpu = 1;
     sm_count = info.sm_count;
     staged_device = info.cc_major == 9 && info.cc_minor == 0 && strcmp(info.profile, "sm90") == 0;
+    /* the warp-specialised rows-128 tile's images: sm_90a, sm_120a, sm_121a */
+    ws_device = (info.cc_major == 9 && info.cc_minor == 0) || (info.cc_major == 12 && info.cc_minor <= 1);
     BLAS_CHECK(cublasCreate(&blas));
     W4_CHECK(w4a16_workspace_size(&workspace_bytes));
     workspace = gpu_alloc(workspace_bytes);

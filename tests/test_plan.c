@@ -35,6 +35,7 @@ static w4a16_device_state device_state(const plan_device *d) {
     st.device_smem_per_sm = d->smem_block + 1024;
     st.smem_reserved = 1024;
     st.wgmma = d->wgmma;
+    st.ws = d->ws;
     st.pdl = 1;
     st.smem_per_sm = st.device_smem_per_sm;
     st.carveout = -1;
@@ -62,7 +63,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64", "rows32"};
+    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64", "rows32", "rows128"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS128 + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -72,8 +74,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
                  pl.grid[2]);
     else if (W4A16_KERNEL_ROWS(pl.kind))
-        snprintf(what, sizeof what, "%s st=%d splits=%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages, pl.splits,
-                 pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
+        snprintf(what, sizeof what, "%s st=%d splits=%d sk=%d/%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages,
+                 pl.splits, pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
     else if (pl.kind == W4A16_KERNEL_MMA)
         snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
                  pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.smem_bytes);
@@ -258,7 +260,8 @@ static void test_plan_invariants(void **state) {
     (void)state;
     int checked = 0;
     for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
-        plan_device d = {targets[t].name, targets[t].profile, targets[t].sms, targets[t].smem_block, targets[t].wgmma};
+        plan_device d = {targets[t].name,       targets[t].profile, targets[t].sms,
+                         targets[t].smem_block, targets[t].wgmma,   0};
         w4a16_device_state st = device_state(&d);
         if (targets[t].forced) w4a16_use_profile(&st, w4a16_find_profile(targets[t].forced), 1);
         const size_t partial_bytes =
@@ -399,7 +402,7 @@ static void test_hand_checked(void **state) {
         {"H100", "sm90", 132, 232448, 1, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma};
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 0};
         w4a16_device_state st = device_state(&d);
         if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
         w4a16_plan pl;
@@ -481,7 +484,7 @@ static void test_forced_profile_while_planning(void **state) {
  * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32) switched off, to check the dense kernels' plans. */
 static w4a16_plan plan_marlin_on_(const char *name, const char *profile, int sms, int smem_block, int wgmma,
                                   const char *forced, int M, int N, int K, int dense_only) {
-    plan_device d = {name, profile, sms, smem_block, wgmma};
+    plan_device d = {name, profile, sms, smem_block, wgmma, 0};
     w4a16_device_state st = device_state(&d);
     if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
     w4a16_profile dense;
@@ -596,14 +599,14 @@ static void test_moe_stages(void **state) {
         const char *forced;
         int s64, s_other; /* stages of the 64-row tile, of the 16- and 32-row ones */
     } c[] = {
-        {{"RTX 5090", "sm120", 170, 101376, 0}, NULL, 2, 3},
-        {{"RTX PRO 6000", "sm120", 188, 101376, 0}, NULL, 2, 3},
-        {{"GB10", "sm121", 48, 101376, 0}, NULL, 2, 3},
-        {{"RTX 4090", "sm89", 128, 101376, 0}, NULL, 2, 3},
-        {{"H100 as sm120", "sm90", 132, 232448, 1}, "sm120", 2, 3},
-        {{"A100", "sm80", 108, 166912, 0}, NULL, 3, 3},
-        {{"H100", "sm90", 132, 232448, 1}, NULL, 4, 4},
-        {{"B200", "sm100", 148, 232448, 0}, NULL, 4, 4},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 2, 3},
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 0}, NULL, 2, 3},
+        {{"GB10", "sm121", 48, 101376, 0, 0}, NULL, 2, 3},
+        {{"RTX 4090", "sm89", 128, 101376, 0, 0}, NULL, 2, 3},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 2, 3},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 3, 3},
+        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 4, 4},
+        {{"B200", "sm100", 148, 232448, 0, 0}, NULL, 4, 4},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         w4a16_device_state st = device_state(&c[i].d);
@@ -692,7 +695,7 @@ static void test_hand_checked_rows(void **state) {
     /* The AWQ layout takes the 32 x 128 tile at M 17-64 wherever its tiles fit a wave: llama3-8b.qkv at M = 32 keeps
      * the dense 32 x 256 tile in the Marlin layout (above), and in AWQ runs 1 x 48 tiles with K split 6 ways (396 / 48
      * slots would allow 8; 64 k-tiles of at least 10 allow 6) */
-    plan_device d = {"H100 as sm120", "sm90", 132, 232448, 1};
+    plan_device d = {"H100 as sm120", "sm90", 132, 232448, 1, 0};
     w4a16_device_state st = device_state(&d);
     w4a16_use_profile(&st, w4a16_find_profile("sm120"), 1);
     w4a16_plan pl;
@@ -715,9 +718,63 @@ static void test_hand_checked_rows(void **state) {
     }
 }
 
+/* By hand: the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128: 3 stages of 128 x 64 x 2 + 4 x 2 x 256 x 4 + 2 x
+ * 256 x 2 + 2 x 32 x 4 = 25856 bytes, 77568 bytes, one 384-thread block per SM) on devices that load its image: the
+ * sm90 / sm120 / sm121 profiles plan it for the Marlin layout's rows-64 plans from M = 65, in whole tiles where they
+ * fill 90% of the waves they take, else with stream-K over one block per SM. */
+static void test_hand_checked_rows128(void **state) {
+    (void)state;
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma, ws;
+        const char *forced;
+        int layout, M, N, K, rows, grid0, grid1, sk; /* sk: stream-K blocks (0: whole tiles) */
+    } c[] = {
+        /* 32 x 112 = 3584 tiles on 132 SMs: 28 waves, 97% used: whole tiles */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, 128, 32, 112, 0},
+        /* 8 x 24 = 192 tiles: two waves, 73% used (rows-64's 70% would keep whole tiles): stream-K over 132 blocks */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 1024, 6144, 4096, 128, 8, 24, 132},
+        /* 4 x 16 = 64 tiles under 85% of 170: stream-K over 170 */
+        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 512, 4096, 14336, 128, 4, 16, 170},
+        /* 1 x 16 tiles of 128 rows at M = 65 (30 k-tiles of 64 each on 48 SMs: stream-K) */
+        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 65, 4096, 8192, 128, 1, 16, 48},
+        /* M = 64: the 64 x 256 tile (stream-K over 2 x 132 slots) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 28672, 4096, 64, 1, 112, 264},
+        /* the AWQ layout, the device without the image, the sm80 profile on the H100 (no image on an sm_80): 64 x 256
+         */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, 64, 8, 16, 264},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, 64, 8, 16, 264},
+        {"H100 as sm80", "sm90", 132, 232448, 1, 1, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, 64, 64, 112, 0},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
+        assert_int_equal(W4A16_KERNEL_ROWS(pl.kind), c[i].rows);
+        assert_int_equal(pl.grid[0], c[i].grid0);
+        assert_int_equal(pl.grid[1], c[i].grid1);
+        assert_int_equal(pl.sk_blocks, c[i].sk);
+        if (c[i].rows == 128) {
+            assert_int_equal(pl.stages, 3);
+            assert_int_equal(pl.smem_bytes, 77568);
+            assert_int_equal(pl.threads, 384);
+            assert_int_equal(pl.blocks_per_sm, 1);
+            assert_int_equal(pl.splits, 1);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
+        cmocka_unit_test(test_hand_checked_rows128),
         cmocka_unit_test(test_forced_profile_emulates_its_sm),
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),

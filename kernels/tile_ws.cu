@@ -1,0 +1,388 @@
+// The warp-specialised mma.sync tile for dense GEMMs in the Marlin layout ("rows-128": launched through the MoE launch
+// on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
+//
+// Why: the rows-64 tile (4 warps of 64 x 64, every thread issuing copies, a block barrier per stage) runs its loop at
+// about 57% of the mma.sync pipe, stalled on fixed-latency dependencies (docs/PERFORMANCE.md "Session 16"). Here a
+// block is two math warpgroups (8 warps) and one producer warpgroup:
+// - the producer issues every copy of a stage (cp.async, 16 bytes; the activation rows XOR-swizzled for ldmatrix as
+//   in the MoE tile) and each of its threads tells the stage's "full" mbarrier when its copies land
+//   (cp.async.mbarrier.arrive.noinc); the math threads arrive on the stage's "empty" mbarrier when done with it. No
+//   block barrier in the main loop, no copy plans in the math warps' registers.
+// - a math warp computes BM rows x 32 channels (four n8 blocks) over every k of a stage: each dequantised weight
+//   fragment feeds MT m16 tiles (8 at BM = 128), half the dequantisation per MMA of the rows-64 warp tile.
+// - registers: 384 threads leave 168 per thread at launch, too few for 128 fp32 sums plus double-buffered fragments
+//   (the first version, with one producer warp and no reallocation, ran at 1.4x rows-64's time with single-buffered
+//   A fragments). setmaxnreg moves them: producer 40, math 232. setmaxnreg exists only in the architecture-specific
+//   targets (sm_90a, sm_120a, sm_121a), so this file is built for those alone and the host plans the tile only where
+//   w4a16_probe_ws finds the image (csrc/device.c).
+// Work split: block b of gridDim.x takes units [b U / B, (b + 1) U / B) of the U = tiles x k-tiles (tile, k-tile)
+// units, channel tiles fastest; with one block per tile that is a whole tile each, with fewer blocks stream-K (partial
+// tiles' fp32 sums through the workspace, added by the tile's last block in block order: deterministic), as the rows-64
+// stream-K kernel does (stream_k.cuh).
+#include "common.cuh"
+#include "launch.h"
+#include "moe_launch.h"
+#include "stream_k.cuh"
+#include <cuda_runtime.h>
+
+namespace w4a16 {
+namespace moe {
+namespace ws {
+
+constexpr int MATH_WARPS = 8, PRODUCERS = 128, THREADS = W4A16_MOE_WS_THREADS, BN = 256, BK = 64, SLOTS = 2;
+static_assert(THREADS == MATH_WARPS * 32 + PRODUCERS, "two math warpgroups and a producer warpgroup");
+// registers per thread after setmaxnreg: 128 x 40 + 256 x 232 = 64512 of the SM's 65536
+constexpr int PRODUCER_REGS = 40, MATH_REGS = 232;
+constexpr int MAX_STAGES = 6;
+
+template <int MT> struct Tile {
+    static constexpr int BM = 16 * MT;
+    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = (BK / 16) * 2 * BN * 4;
+    static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
+    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int SROW = BN + 8, OUT = BM * SROW * 2; // the staged output tile, rows padded by 16 bytes
+    static constexpr int A_PER = BM * (BK / 8) / PRODUCERS;  // a producer thread's 16-byte chunks per stage
+    static constexpr int B_PER = (BK / 16) * (2 * BN / 4) / PRODUCERS;
+    static_assert(A_PER * PRODUCERS == BM * (BK / 8) && B_PER * PRODUCERS == (BK / 16) * (2 * BN / 4), "chunks");
+    static constexpr int smem(int stages) { return stages * STAGE > OUT ? stages * STAGE : OUT; }
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
+                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+#else
+    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.test_wait.parity.shared.b64 p, [%0], %1;\n"
+                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    uint64_t state __attribute__((unused));
+    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
+}
+// One arrival on the barrier once this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Named barrier 2: the math warps' epilogue. barrier.sync, not
+// bar.sync (= barrier.sync.aligned): a warp may arrive diverged (after the mbarrier polls and the epilogue's
+// per-thread branches), which the aligned form does not allow (compute-sanitizer synccheck reports it).
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(__CUDA_ARCH_FEAT_SM120_ALL) &&           \
+    !defined(__CUDA_ARCH_FEAT_SM121_ALL)
+    __trap(); // a stub: never planned (w4a16_probe_ws fails), no setmaxnreg on this target
+#else
+    using D = Dtype<T>;
+    using TL = Tile<MT>;
+    constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
+    constexpr int STAGE = TL::STAGE, SROW = TL::SROW;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES], seg_done;
+    __shared__ int s_flag;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = p.M, N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
+    const int nkt = K / BK, ntn = (N + BN - 1) / BN, g_last = (K - 1) >> gshift;
+    const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(&full[s], PRODUCERS);        // every producer thread, once its copies land
+            mbar_init(&empty[s], MATH_WARPS * 32); // every math thread once done reading the stage
+        }
+        mbar_init(&seg_done, MATH_WARPS * 32); // every math thread once a segment's epilogue is done
+    }
+    __syncthreads();
+    // Each role loops over the block's segments (a partial tile, whole tiles, a partial tile) in its own branch after
+    // its setmaxnreg: code after a join would have to fit the smaller budget. Between segments the epilogue's staged
+    // output overlaps the stage buffers: the producer starts a segment's copies once every math thread has arrived
+    // on seg_done after the last one's epilogue (an mbarrier, so the math warps themselves do not wait).
+    auto for_segments = [&](bool producer, auto &&body) {
+        long long u = blockIdx.x * U / B;
+        const long long u1 = (blockIdx.x + 1) * U / B;
+        for (int seg = 0; u < u1; seg++) {
+            const int t = (int)(u / nkt), k0 = (int)(u % nkt), nk = (int)min((long long)(nkt - k0), u1 - u);
+            if (seg > 0) {
+                if (producer)
+                    mbar_wait(&seg_done, (seg - 1) & 1);
+                else
+                    mbar_arrive(&seg_done);
+            }
+            body(seg, t, k0, nk, (t / ntn) * BM, (t % ntn) * BN);
+            u += nk;
+        }
+    };
+    uint32_t it = 0; // stages filled (producer) or consumed (math) by this block so far: ring slot and phase
+    if (warp >= MATH_WARPS) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        for_segments(true, [&](int seg, int t, int k0, int nk, int m0, int n0) {
+            (void)seg;
+            (void)t;
+            // ---- producer warpgroup: stage s of the segment holds k-tile k0 + s
+            const int pt = tid - MATH_WARPS * 32;
+            // The thread's chunks: activation rows pt / 8 + 16 i (16-byte chunk pt % 8 of each, the same XOR slot in
+            // every one), weight chunk pt of k16 row i; pointers advance by a stage, so that 40 registers hold them.
+            const T *A = static_cast<const T *>(p.A);
+            const uint32_t *Bw = static_cast<const uint32_t *>(p.B);
+            const T *S = static_cast<const T *>(p.scales);
+            const uint32_t *Z = static_cast<const uint32_t *>(p.zeros);
+            const int arow = pt / 8, ach = pt % 8;
+            const int a_rows = min(TL::A_PER, max(0, (M - m0 - arow + 15) / 16)); // chunks i inside M
+            const T *a_src = A + (size_t)(m0 + arow) * K + k0 * BK + ach * 8;
+            const uint32_t a_dst = (arow * BK + ((ach ^ (arow & 7)) * 8)) * 2;
+            const bool b_ok = n0 + pt * 2 < N;
+            const uint32_t *b_src = Bw + (size_t)k0 * (BK / 16) * (2 * N) + 2 * n0 + pt * 4;
+            static_assert(TL::B_PER == BK / 16 && PRODUCERS == 2 * BN / 4, "one weight chunk per k16 row");
+            for (int s = 0; s < nk; s++, it++) {
+                const int slot = it % stages, kt = k0 + s;
+                mbar_wait(&empty[slot], ((it / stages) & 1) ^ 1); // a fresh barrier passes parity 1 at once
+                unsigned char *st = smem + slot * STAGE;
+#pragma unroll
+                for (int i = 0; i < TL::A_PER; i++)
+                    cp_async16(st + a_dst + i * 16 * BK * 2, i < a_rows ? a_src + (size_t)i * 16 * K : A, i < a_rows);
+                a_src += BK;
+#pragma unroll
+                for (int i = 0; i < TL::B_PER; i++)
+                    cp_async16(st + A_BYTES + (i * 2 * BN + pt * 4) * 4, b_ok ? b_src + (size_t)i * 2 * N : Bw, b_ok);
+                b_src += (size_t)(BK / 16) * 2 * N;
+                // the scale (and zero-point) rows of the stage's first two groups (two only where G = 32)
+                const int g0 = (kt * BK) >> gshift;
+                if (pt < SLOTS * (BN / 8)) {
+                    const int i = pt / (BN / 8), ch = pt % (BN / 8), g = min(g0 + i, g_last);
+                    const bool ok = n0 + ch * 8 < N;
+                    cp_async16(st + A_BYTES + B_BYTES + (i * BN + ch * 8) * 2, ok ? S + (size_t)g * N + n0 + ch * 8 : S,
+                               ok);
+                } else if (Z && pt < SLOTS * (BN / 8) + SLOTS * (BN / 32)) {
+                    const int z = pt - SLOTS * (BN / 8), i = z / (BN / 32), ch = z % (BN / 32);
+                    const int g = min(g0 + i, g_last);
+                    const bool ok = n0 + ch * 32 < N;
+                    cp_async16(st + A_BYTES + B_BYTES + S_BYTES + (i * (BN / 8) + ch * 4) * 4,
+                               ok ? Z + (size_t)g * (N / 8) + n0 / 8 + ch * 4 : Z, ok);
+                }
+                cp_async_mbar_arrive(&full[slot]);
+            }
+        });
+    } else {
+        setmaxnreg_inc<MATH_REGS>();
+        for_segments(false, [&](int seg, int t, int k0, int nk, int m0, int n0) {
+            // ---- math warp `warp`: channels 32 warp .. + 32 of the tile, i.e. half h of 64-channel group gq
+            const int q = lane & 3, r = lane >> 2, gq = warp >> 1, h = warp & 1;
+            const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
+            float acc[MT][4][4];
+            auto zero_acc = [&] { // also where the last block of a stream-K tile starts adding its parts
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+            };
+            zero_acc();
+            GroupConst<T> gc[4];
+            int cur_group = -1;
+            for (int s = 0; s < nk; s++, it++) {
+                const int slot = it % stages, kt = k0 + s;
+                mbar_wait(&full[slot], (it / stages) & 1);
+                const unsigned char *st = smem + slot * STAGE;
+                const int gs = (kt * BK) >> gshift;
+                auto fetch = [&](int kk) { // the lane's 8 bytes of the warp's four n8 blocks at k16 step kk
+                    return reinterpret_cast<const uint2 *>(st + A_BYTES + (kk * (2 * BN) + gq * 128) * 4)[2 * lane + h];
+                };
+                uint2 fr = fetch(0);
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    const int g = (kt * BK + 16 * kk) >> gshift;
+                    if (kk % 2 == 0 && g != cur_group) { // groups start at multiples of 32 k (G >= 32)
+                        cur_group = g;
+                        const int sl = min(g, g_last) - min(gs, g_last);
+                        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + gq * 64;
+                        const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
+                                             sl * (BN / 8) + gq * 8;
+                        uint32_t sc[4];
+                        if (channelwise) {
+                            // channelwise Marlin scales: in 32 columns, position 8i + t holds column
+                            // 2i + {0,1,8,9,16,17,24,25}[t]; block m = 4h + j
+                            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
+#pragma unroll
+                            for (int j = 0; j < 4; j++)
+                                sc[j] = prmt(s16[32 * h + 8 * (r / 2) + 2 * j + (r % 2)], 0u, 0x1010u);
+                        } else { // grouped: position 8r + m holds column r + 8m
+                            const uint2 v = *reinterpret_cast<const uint2 *>(sS + 8 * r + 4 * h);
+#pragma unroll
+                            for (int j = 0; j < 4; j++) sc[j] = prmt(j < 2 ? v.x : v.y, 0u, j % 2 ? 0x3232u : 0x1010u);
+                        }
+                        const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            gc[j] = make_group_const_bits<T>(sc[j], (zw >> (4 * awq_reverse(4 * h + j))) & 0xF);
+                    }
+                    const uint2 f = fr;
+                    if (kk + 1 < BK / 16) fr = fetch(kk + 1);
+                    uint32_t b[4][2];
+                    b[0][0] = dq_lo<T>(f.x, gc[0]);
+                    b[0][1] = dq_hi<T>(f.x, gc[0]);
+                    b[1][0] = dq_lo<T>(f.x >> 8, gc[1]);
+                    b[1][1] = dq_hi<T>(f.x >> 8, gc[1]);
+                    b[2][0] = dq_lo<T>(f.y, gc[2]);
+                    b[2][1] = dq_hi<T>(f.y, gc[2]);
+                    b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
+                    b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
+                    const T *sA = reinterpret_cast<const T *>(st);
+                    const int ch = kk * 2 + (lane >> 4);
+                    auto load_a = [&](int mt, uint32_t(&fa)[4]) {
+                        const int row = mt * 16 + (lane & 15);
+                        ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
+                    };
+                    uint32_t fa[2][4];
+                    load_a(0, fa[0]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        if (mt + 1 < MT) load_a(mt + 1, fa[(mt + 1) & 1]);
+#pragma unroll
+                        for (int j = 0; j < 4; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
+                    }
+                }
+                mbar_arrive(&empty[slot]);
+            }
+
+            // ---- epilogue (math warps only: named barrier 2)
+            if (nk < nkt) {
+                // a partial tile: its fp32 sums to this block's workspace slot as they lie in the registers; the
+                // block that completes the tile adds every part in block order and stores it
+                constexpr int TILE_F4 = MATH_WARPS * MT * 4 * 32;
+                float4 *const base = static_cast<float4 *>(p.partials) + warp * MT * 4 * 32 + lane;
+                float4 *const mine = base + ((size_t)blockIdx.x * 2 + (seg == 0 ? 0 : 1)) * TILE_F4;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        __stcg(mine + (mt * 4 + j) * 32,
+                               make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+                __threadfence(); // the sums are visible device-wide before the counter says so
+                bar_sync(2, MATH_WARPS * 32);
+                if (tid == 0) {
+                    const int prev = atomicAdd(p.counters + t, nk);
+                    s_flag = prev + nk == nkt;
+                    if (s_flag) p.counters[t] = 0;
+                }
+                bar_sync(2, MATH_WARPS * 32);
+                if (!s_flag) return;
+                __threadfence();
+                const int c0 = sk_block_of((long long)t * nkt, U, B),
+                          c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
+                zero_acc();
+                for (int c = c0; c <= c1; c++) {
+                    const float4 *src = base + ((size_t)c * 2 + sk_slot(c, t, nkt, U, B)) * TILE_F4;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const float4 v = __ldcg(src + (mt * 4 + j) * 32);
+                            acc[mt][j][0] += v.x;
+                            acc[mt][j][1] += v.y;
+                            acc[mt][j][2] += v.z;
+                            acc[mt][j][3] += v.w;
+                        }
+                }
+            }
+            // (acc + bias) in T staged in shared memory (every math warp is past its last stage: the barrier), then
+            // copied out as 16-byte chunks of each row
+            T *stg = reinterpret_cast<T *>(smem);
+            const T *bcol = p.bias ? static_cast<const T *>(p.bias) + n0 + warp * 32 : nullptr;
+            bar_sync(2, MATH_WARPS * 32);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) { // rows r and r + 8 of the m16 tile
+                    T *srow = stg + (mt * 16 + r + 8 * hh) * SROW + warp * 32;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) { // columns 8j + 2q, + 1 of the warp's 32
+                        const int c = 8 * j + 2 * q;
+                        float x0 = acc[mt][j][2 * hh], x1 = acc[mt][j][2 * hh + 1];
+                        if (bcol && n0 + warp * 32 + c < N) {
+                            const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bcol + c);
+                            x0 += D::to_float(bv.x);
+                            x1 += D::to_float(bv.y);
+                        }
+                        typename D::T2 v;
+                        v.x = D::from_float(x0);
+                        v.y = D::from_float(x1);
+                        *reinterpret_cast<uint32_t *>(srow + c) = as_u32(v);
+                    }
+                }
+            bar_sync(2, MATH_WARPS * 32);
+            T *C = static_cast<T *>(p.C);
+            constexpr int CPR = BN / 8;
+            for (int i = tid; i < BM * CPR; i += MATH_WARPS * 32) {
+                const int row = i / CPR, cc = i % CPR;
+                if (m0 + row >= M || n0 + cc * 8 >= N) continue;
+                *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * N + n0 + cc * 8) =
+                    *reinterpret_cast<const uint4 *>(stg + row * SROW + cc * 8);
+            }
+        });
+    }
+#endif
+}
+
+using KernelFn = void (*)(w4a16_moe_launch);
+KernelFn kernel_of(int dtype) { return dtype == 0 ? ws_kernel<__half, 8> : ws_kernel<__nv_bfloat16, 8>; }
+static_assert(Tile<8>::smem(2) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 2) &&
+                  Tile<8>::smem(3) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 3) &&
+                  Tile<8>::smem(4) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 4),
+              "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tile's shared memory");
+
+} // namespace ws
+} // namespace moe
+} // namespace w4a16
+
+// One block per tile (a.grid_blocks row tiles x the channel tiles), or stream-K over a.sk_blocks blocks.
+extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
+    using namespace w4a16::moe::ws;
+    if (a->layout != W4A16_LAYOUT_MARLIN || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK)
+        return cudaErrorInvalidValue;
+    cudaLaunchConfig_t c = {};
+    const unsigned ntiles = (a->N + BN - 1) / BN;
+    c.gridDim = dim3(a->sk_blocks > 0 ? (unsigned)a->sk_blocks : ntiles * (unsigned)a->grid_blocks);
+    c.blockDim = dim3(THREADS);
+    c.dynamicSmemBytes = Tile<8>::smem(a->stages);
+    c.stream = static_cast<cudaStream_t>(a->stream);
+    return cudaLaunchKernelEx(&c, kernel_of(a->dtype), *a);
+}
+
+extern "C" int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm) {
+    using namespace w4a16::moe::ws;
+    const int smem = Tile<8>::smem(a->stages);
+    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kernel_of(a->dtype), smem, a->carveout);
+    if (err != cudaSuccess) return err;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel_of(a->dtype), THREADS, smem);
+}
+
+extern "C" int w4a16_probe_ws(void) {
+    using namespace w4a16::moe::ws;
+#ifndef W4A16_WS_IMAGES
+    return cudaErrorInvalidDeviceFunction; // built without an sm_90a / sm_120a / sm_121a target: only a stub
+#endif
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, kernel_of(0));
+    return e == cudaSuccess ? cudaFuncGetAttributes(&attr, kernel_of(1)) : e;
+}
