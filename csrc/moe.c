@@ -180,9 +180,10 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .layout = g->layout,
         .stages = g->plan.stages,
         .carveout = g->plan.carveout,
-        .tile = rows == 128  ? W4A16_MOE_TILE_128
-                : rows == 64 ? W4A16_MOE_TILE_64
-                             : W4A16_MOE_TILE_32,
+        .tile = g->plan.kind == W4A16_KERNEL_WS64 ? W4A16_MOE_TILE_WS64
+                : rows == 128                     ? W4A16_MOE_TILE_128
+                : rows == 64                      ? W4A16_MOE_TILE_64
+                                                  : W4A16_MOE_TILE_32,
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,
@@ -243,6 +244,7 @@ static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launc
 }
 
 int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
+    if (tile == W4A16_MOE_TILE_WS64) return 4; /* 70656 bytes: one block per 100 KB SM, as the 128-row tile's 3 */
     const int base = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
     /* The 64-row tile (4 warps) with 3 stages of 64 k takes 53-56 KB: one block per 100 KB SM, so 4 warps to hide
      * every latency. With 2 stages (35-37 KB) two blocks fit: 0.67-0.75x the time at T >= 1024 under the sm120

@@ -139,7 +139,10 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
     if ((size_t)smem > st->smem_optin) return 0;
-    pl->kind = rows == 128 ? W4A16_KERNEL_ROWS128 : rows == 64 ? W4A16_KERNEL_ROWS64 : W4A16_KERNEL_ROWS32;
+    pl->kind = tile == W4A16_MOE_TILE_WS64 ? W4A16_KERNEL_WS64
+               : rows == 128               ? W4A16_KERNEL_ROWS128
+               : rows == 64                ? W4A16_KERNEL_ROWS64
+                                           : W4A16_KERNEL_ROWS32;
     pl->cfg = rows;
     pl->stages = stages;
     pl->threads = w4a16_moe_tile_threads(tile);
@@ -148,6 +151,29 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     pl->grid[0] = cdiv(M, rows);
     pl->grid[1] = cdiv(N, w4a16_moe_tile_bn(tile));
     return pl->blocks_per_sm;
+}
+
+static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int minb, int wave_fill, int min_kt, int M,
+                        int N, int K, size_t workspace_bytes, w4a16_plan *pl, int *whole) {
+    const w4a16_profile *p = st->profile;
+    const int per_sm = rows_plan(st, layout, tile, minb, M, N, pl);
+    if (!per_sm) return 0;
+    const long long tiles = (long long)pl->grid[0] * pl->grid[1], slots = (long long)st->sm_count * per_sm;
+    /* whole tiles: a last wave nearly empty would cost a whole tile's time */
+    const long long waves = (tiles + slots - 1) / slots;
+    *whole = tiles * 100 >= slots * p->rows64_min_fill && tiles * 100 >= waves * slots * wave_fill;
+    if (*whole) return 1;
+    if (!workspace_bytes || min_kt <= 0) return 0;
+    const long long units = tiles * cdiv(K, 64);
+    const long long blocks = slots < units / min_kt ? slots : units / min_kt;
+    const size_t tile_bytes = (size_t)w4a16_moe_tile_rows(tile) * w4a16_moe_tile_bn(tile) * sizeof(float);
+    if (blocks < st->sm_count ||
+        w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
+        tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
+        return 0;
+    pl->sk_blocks = (int)blocks;
+    pl->sk_tiles = (int)tiles;
+    return 1;
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
@@ -161,38 +187,45 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
  *   rows, 1.05-1.15x on 14), except where the rows-32 plan splits K rows32_keep_min_splits ways or more
  *   (rows32_splits: its K splits, 0 where it has none; few tiles of short K: the 32-row tile's split measured 1.1-1.2x
  *   faster there). */
+/* Tile `tile` over M x N: whole tiles where they fill rows64_min_fill percent of one wave of its block slots and
+ * wave_fill percent of the waves they take, else (*whole = 0) with a workspace stream-K over the slots, each block at
+ * least min_kt k-tiles, at least one block per SM, the workspace holding two partial tiles per block and a counter per
+ * tile. Returns 0 where neither fits.
+ * On devices with the warp-specialised tiles' image (kernels/tile_ws.cu), the Marlin layout runs them instead: from
+ * rows128_min_m the 128 x 256 one (whole tiles from rows128_min_wave_fill percent of their waves, else stream-K; v32),
+ * below it the 64 x 256 one wherever rows-64 would not run whole tiles, with stream-K blocks of at least
+ * ws64_sk_min_kt k-tiles (v33). */
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                        int rows32_splits, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     /* only in the M regimes of tiles with 64 rows or more (decode and 32-row tiles below) */
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
+    /* stream-K not where a 32-row plan splits K 3 ways or more (few tiles of short K) */
+    const int sk_kt = rows32_splits >= p->rows32_keep_min_splits ? 0 : p->rows64_sk_min_kt;
+    const int ws = st->ws && p->rows128_min_m > 0 && layout == W4A16_LAYOUT_MARLIN;
     w4a16_plan c = *pl;
-    /* the warp-specialised 128-row tile (Marlin layout) from rows128_min_m, one block per SM; else 64 x 256, whose
-     * register budget moe.cu's tests hold at 2 per SM */
-    const int tile = st->ws && p->rows128_min_m > 0 && M >= p->rows128_min_m && layout == W4A16_LAYOUT_MARLIN
-                         ? W4A16_MOE_TILE_128
-                         : W4A16_MOE_TILE_64;
-    const int per_sm = rows_plan(st, layout, tile, tile == W4A16_MOE_TILE_128 ? 1 : 2, M, N, &c);
-    if (!per_sm) return 0;
-    const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
-    /* whole tiles: a last wave nearly empty would cost a whole tile's time */
-    const long long waves = (tiles + slots - 1) / slots;
-    const int wave_fill = tile == W4A16_MOE_TILE_128 ? p->rows128_min_wave_fill : p->rows64_min_wave_fill;
-    if (tiles * 100 < slots * p->rows64_min_fill || tiles * 100 < waves * slots * wave_fill) {
-        /* else stream-K over the slots, each block at least 16 k-tiles, at least one block per SM, the workspace
-         * holding two partial tiles per block and a counter per tile; not where a 32-row plan splits K 3 ways or more
-         * (few tiles of short K) */
-        if (!workspace_bytes || p->rows64_sk_min_kt <= 0 || rows32_splits >= p->rows32_keep_min_splits) return 0;
-        const long long units = tiles * cdiv(K, 64);
-        const long long blocks = slots < units / p->rows64_sk_min_kt ? slots : units / p->rows64_sk_min_kt;
-        const size_t tile_bytes = (size_t)w4a16_moe_tile_rows(tile) * w4a16_moe_tile_bn(tile) * sizeof(float);
-        if (blocks < st->sm_count ||
-            w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
-            tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
+    int whole;
+    /* the warp-specialised 128-row tile (Marlin layout) from rows128_min_m, one block per SM */
+    if (ws && M >= p->rows128_min_m) {
+        if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
+                          &c, &whole))
             return 0;
-        c.sk_blocks = (int)blocks;
-        c.sk_tiles = (int)tiles;
+        *pl = c;
+        return 1;
     }
+    /* else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM); where it would share k-tiles, the
+     * warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
+    const int rows64 = plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K,
+                                    workspace_bytes, &c, &whole);
+    if (ws && p->ws64_sk_min_kt > 0 && !(rows64 && whole) && sk_kt > 0) {
+        w4a16_plan w = *pl;
+        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill, p->ws64_sk_min_kt, M, N, K,
+                         workspace_bytes, &w, &whole)) {
+            *pl = w;
+            return 1;
+        }
+    }
+    if (!rows64) return 0;
     *pl = c;
     return 1;
 }
@@ -376,6 +409,7 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      "%d block%s/SM",
                      w4a16_kernel_kind_name(pl->kind),
                      pl->kind == W4A16_KERNEL_ROWS128  ? "warp-specialised 128 x 256"
+                     : pl->kind == W4A16_KERNEL_WS64   ? "warp-specialised 64 x 256"
                      : pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256"
                                                        : "32 x 128",
                      pl->stages, split, pl->threads, pl->smem_bytes, pl->blocks_per_sm,

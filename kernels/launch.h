@@ -41,10 +41,14 @@ typedef struct w4a16_gemm_args {
     X(DECODE8, "decode-8")                                                                                             \
     X(DECODE16, "decode-16")                                                                                           \
     X(MMA, "mma.sync")                                                                                                 \
-    X(WGMMA, "wgmma") X(STAGED, "staged") X(ROWS64, "rows-64") X(ROWS32, "rows-32") X(ROWS128, "rows-128")
+    X(WGMMA, "wgmma")                                                                                                  \
+    X(STAGED, "staged") X(ROWS64, "rows-64") X(ROWS32, "rows-32") X(ROWS128, "rows-128") X(WS64, "ws-64")
 /* The MoE tile rows of a rows-64 / rows-32 plan, 0 for the other kinds. */
 #define W4A16_KERNEL_ROWS(kind)                                                                                        \
-    ((kind) == W4A16_KERNEL_ROWS64 ? 64 : (kind) == W4A16_KERNEL_ROWS32 ? 32 : (kind) == W4A16_KERNEL_ROWS128 ? 128 : 0)
+    ((kind) == W4A16_KERNEL_ROWS64 || (kind) == W4A16_KERNEL_WS64 ? 64                                                 \
+     : (kind) == W4A16_KERNEL_ROWS32                              ? 32                                                 \
+     : (kind) == W4A16_KERNEL_ROWS128                             ? 128                                                \
+                                                                  : 0)
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)

@@ -60,8 +60,9 @@ enum {
     W4A16_MOE_TILE_16x256 = 2, /* 16 x 256, 64 k: each warp its 64 channels over whole stages */
     W4A16_MOE_TILE_32 = 3,     /* 32 x 128, 64 k */
     W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
-    W4A16_MOE_TILE_128 = 5, /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cuh; Marlin, dense) */
-    W4A16_MOE_TILES = 6
+    W4A16_MOE_TILE_128 = 5,  /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cu; Marlin, dense) */
+    W4A16_MOE_TILE_WS64 = 6, /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
+    W4A16_MOE_TILES = 7
 };
 
 #ifdef __cplusplus
@@ -72,17 +73,21 @@ enum {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
     return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : tile == W4A16_MOE_TILE_128 ? 128 : 64;
 }
+/* The warp-specialised tiles (kernels/tile_ws.cu). */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
+    return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64;
+}
 /* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
     return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
 }
 /* The tiles with a stream-K instance (dense calls): 64 x 256 and 128 x 256, whose warps each hold K whole. */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) {
-    return tile == W4A16_MOE_TILE_64 || tile == W4A16_MOE_TILE_128;
+    return tile == W4A16_MOE_TILE_64 || w4a16_moe_tile_ws(tile);
 }
 /* Threads of a tile's block. */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_threads(int tile) {
-    return tile == W4A16_MOE_TILE_128 ? W4A16_MOE_WS_THREADS : W4A16_MOE_THREADS;
+    return w4a16_moe_tile_ws(tile) ? W4A16_MOE_WS_THREADS : W4A16_MOE_THREADS;
 }
 /* The kernel instance a launch runs: 0 plain, 1 K split across blocks, 2 stream-K. */
 static inline int w4a16_moe_launch_split(const w4a16_moe_launch *a) {
@@ -98,8 +103,9 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
  * rows; the K-split warps reduce through the buffers (WK > 1), the unsplit tiles stage their output tile (rows padded
  * by 8). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
-    if (tile == W4A16_MOE_TILE_128) { /* tile_ws.cuh: A, Marlin weights, 2 scale and zero-point rows; output staged */
-        const int st = 128 * 64 * 2 + 4 * 2 * 256 * 4 + 2 * 256 * 2 + 2 * 32 * 4, out = 128 * (256 + 8) * 2;
+    if (w4a16_moe_tile_ws(tile)) { /* tile_ws.cu: A, Marlin weights, 2 scale and zero-point rows; output staged */
+        const int rows = w4a16_moe_tile_rows(tile);
+        const int st = rows * 64 * 2 + 4 * 2 * 256 * 4 + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
         return stages * st > out ? stages * st : out;
     }
     const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;

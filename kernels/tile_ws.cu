@@ -345,11 +345,24 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
 }
 
 using KernelFn = void (*)(w4a16_moe_launch);
-KernelFn kernel_of(int dtype) { return dtype == 0 ? ws_kernel<__half, 8> : ws_kernel<__nv_bfloat16, 8>; }
-static_assert(Tile<8>::smem(2) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 2) &&
-                  Tile<8>::smem(3) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 3) &&
-                  Tile<8>::smem(4) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 4),
-              "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tile's shared memory");
+// The instance of a launch's tile (128 or 64 rows) and dtype, and its dynamic shared memory.
+KernelFn kernel_of(const w4a16_moe_launch &a) {
+    if (a.tile == W4A16_MOE_TILE_WS64) return a.dtype == 0 ? ws_kernel<__half, 4> : ws_kernel<__nv_bfloat16, 4>;
+    return a.dtype == 0 ? ws_kernel<__half, 8> : ws_kernel<__nv_bfloat16, 8>;
+}
+int smem_of(const w4a16_moe_launch &a) {
+    return a.tile == W4A16_MOE_TILE_WS64 ? Tile<4>::smem(a.stages) : Tile<8>::smem(a.stages);
+}
+template <int MT, int TILE> constexpr bool smem_formula_holds() {
+    for (int s = 2; s <= MAX_STAGES; s++)
+        if (Tile<MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s)) return false;
+    return true;
+}
+static_assert(smem_formula_holds<8, W4A16_MOE_TILE_128>() && smem_formula_holds<4, W4A16_MOE_TILE_WS64>(),
+              "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tiles' shared memory");
+static_assert(Tile<8>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_128) &&
+                  Tile<4>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_WS64),
+              "tile rows");
 
 } // namespace ws
 } // namespace moe
@@ -358,23 +371,25 @@ static_assert(Tile<8>::smem(2) == w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16
 // One block per tile (a.grid_blocks row tiles x the channel tiles), or stream-K over a.sk_blocks blocks.
 extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     using namespace w4a16::moe::ws;
-    if (a->layout != W4A16_LAYOUT_MARLIN || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK)
+    if (a->layout != W4A16_LAYOUT_MARLIN || !w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES ||
+        a->K % BK)
         return cudaErrorInvalidValue;
     cudaLaunchConfig_t c = {};
     const unsigned ntiles = (a->N + BN - 1) / BN;
     c.gridDim = dim3(a->sk_blocks > 0 ? (unsigned)a->sk_blocks : ntiles * (unsigned)a->grid_blocks);
     c.blockDim = dim3(THREADS);
-    c.dynamicSmemBytes = Tile<8>::smem(a->stages);
+    c.dynamicSmemBytes = smem_of(*a);
     c.stream = static_cast<cudaStream_t>(a->stream);
-    return cudaLaunchKernelEx(&c, kernel_of(a->dtype), *a);
+    return cudaLaunchKernelEx(&c, kernel_of(*a), *a);
 }
 
 extern "C" int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm) {
     using namespace w4a16::moe::ws;
-    const int smem = Tile<8>::smem(a->stages);
-    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kernel_of(a->dtype), smem, a->carveout);
+    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES) return cudaErrorInvalidValue;
+    const int smem = smem_of(*a);
+    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kernel_of(*a), smem, a->carveout);
     if (err != cudaSuccess) return err;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel_of(a->dtype), THREADS, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel_of(*a), THREADS, smem);
 }
 
 extern "C" int w4a16_probe_ws(void) {
@@ -383,6 +398,13 @@ extern "C" int w4a16_probe_ws(void) {
     return cudaErrorInvalidDeviceFunction; // built without an sm_90a / sm_120a / sm_121a target: only a stub
 #endif
     cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, kernel_of(0));
-    return e == cudaSuccess ? cudaFuncGetAttributes(&attr, kernel_of(1)) : e;
+    cudaError_t e = cudaSuccess;
+    for (int tile : {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64})
+        for (int dtype = 0; dtype < 2 && e == cudaSuccess; dtype++) {
+            w4a16_moe_launch a = {};
+            a.tile = tile;
+            a.dtype = dtype;
+            e = cudaFuncGetAttributes(&attr, kernel_of(a));
+        }
+    return e;
 }

@@ -557,7 +557,7 @@ static void test_rows_tiles(void **state) {
         int M, N, K, split;                 /* split: the plan must split K (across blocks, or stream-K) */
     } shapes[] = {{"rows-64", "rows-128", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
                   /* 90% of an SM count of 64-row tiles (a partial one: M = 48): stream-K over the slots */
-                  {"rows-64", NULL, 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
+                  {"rows-64", "ws-64", 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
                   /* 8 x 0.3 SMs tiles: 1.2 waves of two slots per SM, the second 20% full: stream-K, blocks spanning
                    * tiles (rows-128: 4 x 0.3 SMs tiles, stream-K too) */
                   {"rows-64", "rows-128", 500, 256 * (sm_count * 3 / 10), quick ? 1024 : 4096, 1},
@@ -565,7 +565,7 @@ static void test_rows_tiles(void **state) {
                   {"rows-64", "rows-128", 300, 256 * (sm_count / 4) + 128, quick ? 2048 : 4096, 1},
                   {"rows-32", NULL, 200, 1024, quick ? 1280 : 4096, 1},
                   {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
-    int planned128 = 0;
+    int planned128 = 0, planned_ws64 = 0;
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         int planned = 0;
@@ -587,6 +587,7 @@ static void test_rows_tiles(void **state) {
                 fail_msg("profile %s: %s / %s did not split K", names[p], pa.text, pm.text);
             planned++;
             planned128 += strcmp(mk, "rows-128") == 0;
+            planned_ws64 += strcmp(mk, "ws-64") == 0;
             stats st = {0};
             for (int d = 0; d < 2; d++)
                 for (int g = 0; g < 4; g++) {
@@ -604,9 +605,12 @@ static void test_rows_tiles(void **state) {
         assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
         if (planned == 0) fail_msg("no profile planned %s for M=%d N=%d K=%d", shapes[sh].kernel, M, N, K);
     }
-    /* the sm90 / sm120 / sm121 profiles plan rows-128 on the three Marlin shapes (sm90 itself runs wgmma there) */
+    /* the sm120 / sm121 profiles plan rows-128 on the three Marlin shapes and ws-64 at M = 48 (sm90 runs wgmma there)
+     */
     if (ws_device && planned128 < 6) fail_msg("rows-128 planned %d times, expected 6 or more", planned128);
-    if (!ws_device) printf("  rows-128 not run: this GPU does not load its sm_90a / sm_120a / sm_121a image\n");
+    if (ws_device && planned_ws64 < 2) fail_msg("ws-64 planned %d times, expected 2 or more", planned_ws64);
+    if (!ws_device)
+        printf("  rows-128 / ws-64 not run: this GPU does not load their sm_90a / sm_120a / sm_121a image\n");
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the

@@ -63,8 +63,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma", "wgmma", "staged", "rows64", "rows32", "rows128"};
-    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS128 + 1, "a name for every kernel kind");
+    static const char *const kinds[] = {"decode8", "decode16", "mma",     "wgmma", "staged",
+                                        "rows64",  "rows32",   "rows128", "ws64"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_WS64 + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -615,6 +616,10 @@ static void test_moe_stages(void **state) {
             for (int tile = 0; tile < W4A16_MOE_TILES; tile++) {
                 const int stages = w4a16_moe_stages(&st, tile, layout);
                 const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
+                if (w4a16_moe_tile_ws(tile)) { /* the warp-specialised tiles: one block per SM, within its memory */
+                    assert_true((size_t)smem <= st.smem_optin);
+                    continue;
+                }
                 assert_int_equal(stages, tile == W4A16_MOE_TILE_64 ? c[i].s64 : c[i].s_other);
                 assert_true((size_t)smem <= st.smem_optin);
                 /* the 4-warp 64-row tile keeps two blocks per SM wherever its depth allows */
@@ -718,33 +723,41 @@ static void test_hand_checked_rows(void **state) {
     }
 }
 
-/* By hand: the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128: 3 stages of 128 x 64 x 2 + 4 x 2 x 256 x 4 + 2 x
- * 256 x 2 + 2 x 32 x 4 = 25856 bytes, 77568 bytes, one 384-thread block per SM) on devices that load its image: the
- * sm90 / sm120 / sm121 profiles plan it for the Marlin layout's rows-64 plans from M = 65, in whole tiles where they
- * fill 90% of the waves they take, else with stream-K over one block per SM. */
+/* By hand: the warp-specialised tiles on devices that load their image (sm90 / sm120 / sm121 profiles, Marlin layout).
+ * The 128 x 256 one (W4A16_KERNEL_ROWS128: 3 stages of 128 x 64 x 2 + 4 x 2 x 256 x 4 + 2 x 256 x 2 + 2 x 32 x 4 =
+ * 25856 bytes, 77568 bytes, one 384-thread block per SM) in the rows-64 plans from M = 65, whole tiles where they fill
+ * 90% of the waves they take, else stream-K over one block per SM; below M = 65 the 64-row one (W4A16_KERNEL_WS64: 4
+ * stages of 17664 bytes) where rows-64 would not run whole tiles, its stream-K blocks at least 4 k-tiles. */
 static void test_hand_checked_rows128(void **state) {
     (void)state;
+    enum { R128 = W4A16_KERNEL_ROWS128, R64 = W4A16_KERNEL_ROWS64, WS64 = W4A16_KERNEL_WS64, MMA = W4A16_KERNEL_MMA };
     const struct {
         const char *name, *profile;
         int sms, smem_block, wgmma, ws;
         const char *forced;
-        int layout, M, N, K, rows, grid0, grid1, sk; /* sk: stream-K blocks (0: whole tiles) */
+        int layout, M, N, K, kind, grid0, grid1, sk; /* sk: stream-K blocks (0: whole tiles) */
     } c[] = {
         /* 32 x 112 = 3584 tiles on 132 SMs: 28 waves, 97% used: whole tiles */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, 128, 32, 112, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R128, 32, 112, 0},
         /* 8 x 24 = 192 tiles: two waves, 73% used (rows-64's 70% would keep whole tiles): stream-K over 132 blocks */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 1024, 6144, 4096, 128, 8, 24, 132},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 1024, 6144, 4096, R128, 8, 24, 132},
         /* 4 x 16 = 64 tiles under 85% of 170: stream-K over 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 512, 4096, 14336, 128, 4, 16, 170},
+        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 512, 4096, 14336, R128, 4, 16, 170},
         /* 1 x 16 tiles of 128 rows at M = 65 (30 k-tiles of 64 each on 48 SMs: stream-K) */
-        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 65, 4096, 8192, 128, 1, 16, 48},
-        /* M = 64: the 64 x 256 tile (stream-K over 2 x 132 slots) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 28672, 4096, 64, 1, 112, 264},
+        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 65, 4096, 8192, R128, 1, 16, 48},
+        /* M = 64: rows-64 would share 112 tiles x 64 k-tiles among 264 slots; ws-64 shares them among 132 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 28672, 4096, WS64, 1, 112, 132},
+        /* 16 tiles x 64 k-tiles: 1024 / 16 = 64 rows-64 blocks are fewer than the SMs; ws-64 blocks of 7-8 k-tiles */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, WS64, 1, 16, 132},
+        /* 231 rows-64 tiles fill 87% of 264 slots: rows-64, whole */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, R64, 1, 231, 0},
         /* the AWQ layout, the device without the image, the sm80 profile on the H100 (no image on an sm_80): 64 x 256
          */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, 64, 8, 16, 264},
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, 64, 8, 16, 264},
-        {"H100 as sm80", "sm90", 132, 232448, 1, 1, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, 64, 64, 112, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, R64, 8, 16, 264},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, R64, 8, 16, 264},
+        {"H100 as sm80", "sm90", 132, 232448, 1, 1, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R64, 64, 112, 0},
+        /* without the image the M = 48 layer above has no 64-row plan (the mma.sync tile kernel) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
@@ -757,13 +770,14 @@ static void test_hand_checked_rows128(void **state) {
         char text[256];
         w4a16_plan_text(&pl, text, sizeof text);
         print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
-        assert_int_equal(W4A16_KERNEL_ROWS(pl.kind), c[i].rows);
+        assert_int_equal(pl.kind, c[i].kind);
+        if (c[i].kind == MMA) continue;
         assert_int_equal(pl.grid[0], c[i].grid0);
         assert_int_equal(pl.grid[1], c[i].grid1);
         assert_int_equal(pl.sk_blocks, c[i].sk);
-        if (c[i].rows == 128) {
-            assert_int_equal(pl.stages, 3);
-            assert_int_equal(pl.smem_bytes, 77568);
+        if (c[i].kind != R64) {
+            assert_int_equal(pl.stages, c[i].kind == R128 ? 3 : 4);
+            assert_int_equal(pl.smem_bytes, c[i].kind == R128 ? 77568 : 70656);
             assert_int_equal(pl.threads, 384);
             assert_int_equal(pl.blocks_per_sm, 1);
             assert_int_equal(pl.splits, 1);
