@@ -179,7 +179,7 @@ static const w4a16_device_state *init_state(int device, w4a16_device_views *v) {
     /* the architecture-specific images of the warp-specialised tile run on exactly these compute capabilities */
     if (arch == 90 || arch == 120 || arch == 121) {
         st->ws = w4a16_probe_ws() == cudaSuccess &&
-                 (size_t)w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_MARLIN, 3) <= st->smem_optin;
+                 (size_t)w4a16_moe_smem_bytes(W4A16_MOE_TILE_128, W4A16_LAYOUT_AWQ, 3) <= st->smem_optin;
         cudaGetLastError();
     }
     if (arch == 90) { /* exactly 9.0: sm_90a images do not run on other Hopper-family parts */

@@ -153,6 +153,10 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     return pl->blocks_per_sm;
 }
 
+/* Tile `tile` over M x N: whole tiles where they fill rows64_min_fill percent of one wave of its block slots and
+ * wave_fill percent of the waves they take, else (*whole = 0) with a workspace stream-K over the slots, each block at
+ * least min_kt k-tiles, at least one block per SM, the workspace holding two partial tiles per block and a counter per
+ * tile. Returns 0 where neither fits. */
 static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int minb, int wave_fill, int min_kt, int M,
                         int N, int K, size_t workspace_bytes, w4a16_plan *pl, int *whole) {
     const w4a16_profile *p = st->profile;
@@ -186,12 +190,8 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
  *   harness under sm120 it took 0.96x (Marlin) / 0.91x (AWQ) the time of the plans before (0.63-0.93x on 45 of 128
  *   rows, 1.05-1.15x on 14), except where the rows-32 plan splits K rows32_keep_min_splits ways or more
  *   (rows32_splits: its K splits, 0 where it has none; few tiles of short K: the 32-row tile's split measured 1.1-1.2x
- *   faster there). */
-/* Tile `tile` over M x N: whole tiles where they fill rows64_min_fill percent of one wave of its block slots and
- * wave_fill percent of the waves they take, else (*whole = 0) with a workspace stream-K over the slots, each block at
- * least min_kt k-tiles, at least one block per SM, the workspace holding two partial tiles per block and a counter per
- * tile. Returns 0 where neither fits.
- * On devices with the warp-specialised tiles' image (kernels/tile_ws.cu), the Marlin layout runs them instead: from
+ *   faster there).
+ * On devices with the warp-specialised tiles' image (kernels/tile_ws.cu), both layouts run them instead (v34): from
  * rows128_min_m the 128 x 256 one (whole tiles from rows128_min_wave_fill percent of their waves, else stream-K; v32),
  * below it the 64 x 256 one wherever rows-64 would not run whole tiles, with stream-K blocks of at least
  * ws64_sk_min_kt k-tiles (v33). */
@@ -202,10 +202,10 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     if (p->rows64_min_fill <= 0 || K % 64 || M <= p->small_max_m || M <= p->mid32_max_m) return 0;
     /* stream-K not where a 32-row plan splits K 3 ways or more (few tiles of short K) */
     const int sk_kt = rows32_splits >= p->rows32_keep_min_splits ? 0 : p->rows64_sk_min_kt;
-    const int ws = st->ws && p->rows128_min_m > 0 && layout == W4A16_LAYOUT_MARLIN;
+    const int ws = st->ws && p->rows128_min_m > 0;
     w4a16_plan c = *pl;
     int whole;
-    /* the warp-specialised 128-row tile (Marlin layout) from rows128_min_m, one block per SM */
+    /* the warp-specialised 128-row tile from rows128_min_m, one block per SM */
     if (ws && M >= p->rows128_min_m) {
         if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
                           &c, &whole))

@@ -49,13 +49,14 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
     .small = {W4A16_CFG_DECODE, 3}, .small_split = {W4A16_CFG_DECODE_DEEP, 2}, .mid32_max_m = 32,                      \
     .mid32 = {W4A16_CFG_WIDE32, 3}, W4A16_TILES_164KB_MID_LARGE
 
-/* The warp-specialised 128 x 256 tile (kernels/tile_ws.cu; sm_90a / sm_120a / sm_121a images) in place of the 64 x 256
- * one from M = 65, in whole tiles where they fill 90% of the waves they take (one block per SM makes a partly empty
- * last wave cost more than rows-64's two: 1.06-1.13x its time with rows-64's 70%), else stream-K. Under the sm120
- * profile on the H100 it took 0.75-0.92x rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32).
- * Below M = 65 its 64-row form where rows-64 would share k-tiles (stream-K) or could not (blocks of fewer than 16
- * k-tiles), its stream-K blocks at least 4 k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of
- * 16 tiles (llama3-8b.o: 0.95-1.03x; v33). */
+/* The warp-specialised 128 x 256 tile (kernels/tile_ws.cu; sm_90a / sm_120a / sm_121a images; both layouts: the AWQ
+ * path then took 0.87-0.98x its time before, v34) in place of the 64 x 256 one from M = 65, in whole tiles where they
+ * fill 90% of the waves they take (one block per SM makes a partly empty last wave cost more than rows-64's
+ * two: 1.06-1.13x its time with rows-64's 70%), else stream-K. Under the sm120 profile on the H100 it took 0.75-0.92x
+ * rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32). Below M = 65 its 64-row form where rows-64
+ * would share k-tiles (stream-K) or could not (blocks of fewer than 16 k-tiles), its stream-K blocks at least 4
+ * k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of 16 tiles (llama3-8b.o: 0.95-1.03x; v33).
+ */
 #define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };

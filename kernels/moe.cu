@@ -796,9 +796,9 @@ static_assert(TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BK == W4A16_MOE_SP
 
 template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch &a) {
     switch (a.tile) {
-    case W4A16_MOE_TILE_128: // the warp-specialised tiles (kernels/tile_ws.cu): Marlin layout only
+    case W4A16_MOE_TILE_128: // the warp-specialised tiles (kernels/tile_ws.cu)
     case W4A16_MOE_TILE_WS64:
-        return LAYOUT == W4A16_LAYOUT_MARLIN ? (cudaError_t)w4a16_launch_ws(&a) : cudaErrorInvalidValue;
+        return (cudaError_t)w4a16_launch_ws(&a);
     case W4A16_MOE_TILE_16x64:
         return launch<T, LAYOUT, W4A16_MOE_TILE_16x64>(a);
     case W4A16_MOE_TILE_16x128:
@@ -816,7 +816,7 @@ template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launc
     switch (a.tile) {
     case W4A16_MOE_TILE_128:
     case W4A16_MOE_TILE_WS64:
-        return LAYOUT == W4A16_LAYOUT_MARLIN ? (cudaError_t)w4a16_prepare_ws(&a, n) : cudaErrorInvalidValue;
+        return (cudaError_t)w4a16_prepare_ws(&a, n);
     case W4A16_MOE_TILE_16x64:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_16x64>(a, split, n);
     case W4A16_MOE_TILE_16x128:

@@ -47,7 +47,7 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
  * gives the resident blocks per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per
  * device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
-/* The warp-specialised dense tile (W4A16_MOE_TILE_128, Marlin layout; kernels/tile_ws.cu): its launch and its
+/* The warp-specialised dense tiles (W4A16_MOE_TILE_128 / _WS64; kernels/tile_ws.cu): their launch and their
  * preparation as above, and whether this device can load it (its kernels exist only as sm_90a / sm_120a / sm_121a
  * machine code: they set their warps' register budgets with setmaxnreg); cudaError_t. */
 int w4a16_launch_ws(const w4a16_moe_launch *a);
@@ -60,8 +60,8 @@ enum {
     W4A16_MOE_TILE_16x256 = 2, /* 16 x 256, 64 k: each warp its 64 channels over whole stages */
     W4A16_MOE_TILE_32 = 3,     /* 32 x 128, 64 k */
     W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
-    W4A16_MOE_TILE_128 = 5,  /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cu; Marlin, dense) */
-    W4A16_MOE_TILE_WS64 = 6, /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
+    W4A16_MOE_TILE_128 = 5,    /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cu; dense only) */
+    W4A16_MOE_TILE_WS64 = 6,   /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
     W4A16_MOE_TILES = 7
 };
 
@@ -105,7 +105,8 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
     if (w4a16_moe_tile_ws(tile)) { /* tile_ws.cu: A, Marlin weights, 2 scale and zero-point rows; output staged */
         const int rows = w4a16_moe_tile_rows(tile);
-        const int st = rows * 64 * 2 + 4 * 2 * 256 * 4 + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
+        const int b = layout == 0 ? 64 * (256 / 8 + 4) * 4 : 4 * 2 * 256 * 4; /* AWQ rows padded by 4 words */
+        const int st = rows * 64 * 2 + b + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
         return stages * st > out ? stages * st : out;
     }
     const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;

@@ -1,5 +1,5 @@
-// The warp-specialised mma.sync tile for dense GEMMs in the Marlin layout ("rows-128": launched through the MoE launch
-// on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
+// The warp-specialised mma.sync tile for dense GEMMs, both weight layouts ("rows-128" and "ws-64": launched through the
+// MoE launch on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
 //
 // Why: the rows-64 tile (4 warps of 64 x 64, every thread issuing copies, a block barrier per stage) runs its loop at
 // about 57% of the mma.sync pipe, stalled on fixed-latency dependencies (docs/PERFORMANCE.md "Session 16"). Here a
@@ -35,15 +35,19 @@ static_assert(THREADS == MATH_WARPS * 32 + PRODUCERS, "two math warpgroups and a
 constexpr int PRODUCER_REGS = 40, MATH_REGS = 232;
 constexpr int MAX_STAGES = 6;
 
-template <int MT> struct Tile {
-    static constexpr int BM = 16 * MT;
-    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = (BK / 16) * 2 * BN * 4;
+// A stage: the activation tile (BM rows of BK k, 16-byte chunks XOR-swizzled by row for ldmatrix), the packed
+// weights (Marlin: BK / 16 rows of 2 BN words; AWQ: BK rows of BN / 8 words, padded by 4 so that a fragment's four
+// row loads hit distinct banks), two scale rows and two zero-point rows (G = 32 puts two groups in a stage).
+template <int LAYOUT, int MT> struct Tile {
+    static constexpr int BM = 16 * MT, SB = BN / 8 + 4;
+    static constexpr int A_BYTES = BM * BK * 2;
+    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
     static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
     static constexpr int SROW = BN + 8, OUT = BM * SROW * 2; // the staged output tile, rows padded by 16 bytes
     static constexpr int A_PER = BM * (BK / 8) / PRODUCERS;  // a producer thread's 16-byte chunks per stage
-    static constexpr int B_PER = (BK / 16) * (2 * BN / 4) / PRODUCERS;
-    static_assert(A_PER * PRODUCERS == BM * (BK / 8) && B_PER * PRODUCERS == (BK / 16) * (2 * BN / 4), "chunks");
+    static constexpr int B_PER = BK * (BN / 32) / PRODUCERS; // (both layouts: BK x BN / 2 bytes)
+    static_assert(A_PER * PRODUCERS == BM * (BK / 8) && B_PER * PRODUCERS == BK * (BN / 32), "chunks");
     static constexpr int smem(int stages) { return stages * STAGE > OUT ? stages * STAGE : OUT; }
 };
 
@@ -88,13 +92,16 @@ __device__ __forceinline__ void bar_sync(int id, int threads) {
     asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p) {
+template <typename T, int LAYOUT, int MT>
+__global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(__CUDA_ARCH_FEAT_SM120_ALL) &&           \
     !defined(__CUDA_ARCH_FEAT_SM121_ALL)
     __trap(); // a stub: never planned (w4a16_probe_ws fails), no setmaxnreg on this target
 #else
     using D = Dtype<T>;
-    using TL = Tile<MT>;
+    using TL = Tile<LAYOUT, MT>;
+    constexpr bool AWQ = LAYOUT == W4A16_LAYOUT_AWQ;
+    constexpr int SB = TL::SB;
     constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
     constexpr int STAGE = TL::STAGE, SROW = TL::SROW;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -150,9 +157,14 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
             const int a_rows = min(TL::A_PER, max(0, (M - m0 - arow + 15) / 16)); // chunks i inside M
             const T *a_src = A + (size_t)(m0 + arow) * K + k0 * BK + ach * 8;
             const uint32_t a_dst = (arow * BK + ((ach ^ (arow & 7)) * 8)) * 2;
-            const bool b_ok = n0 + pt * 2 < N;
-            const uint32_t *b_src = Bw + (size_t)k0 * (BK / 16) * (2 * N) + 2 * n0 + pt * 4;
-            static_assert(TL::B_PER == BK / 16 && PRODUCERS == 2 * BN / 4, "one weight chunk per k16 row");
+            // Marlin: chunk pt of k16 row i (a row is 2 BN words); AWQ: chunk pt % 8 of k rows pt / 8 + 16 i (BN / 8
+            // words a row)
+            static_assert(TL::B_PER == BK / 16 && PRODUCERS == 2 * BN / 4 && PRODUCERS == 16 * (BN / 32), "chunks");
+            const bool b_ok = AWQ ? n0 + ach * 32 < N : n0 + pt * 2 < N;
+            const uint32_t *b_src = AWQ ? Bw + (size_t)(k0 * BK + arow) * (N / 8) + n0 / 8 + ach * 4
+                                        : Bw + (size_t)k0 * (BK / 16) * (2 * N) + 2 * n0 + pt * 4;
+            const uint32_t b_dst = AWQ ? A_BYTES + (arow * SB + ach * 4) * 4 : A_BYTES + pt * 16;
+            const size_t b_row = AWQ ? (size_t)16 * (N / 8) : (size_t)2 * N; // chunk i's offset: i rows of this
             for (int s = 0; s < nk; s++, it++) {
                 const int slot = it % stages, kt = k0 + s;
                 mbar_wait(&empty[slot], ((it / stages) & 1) ^ 1); // a fresh barrier passes parity 1 at once
@@ -163,8 +175,8 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
                 a_src += BK;
 #pragma unroll
                 for (int i = 0; i < TL::B_PER; i++)
-                    cp_async16(st + A_BYTES + (i * 2 * BN + pt * 4) * 4, b_ok ? b_src + (size_t)i * 2 * N : Bw, b_ok);
-                b_src += (size_t)(BK / 16) * 2 * N;
+                    cp_async16(st + b_dst + i * (AWQ ? 16 * SB * 4 : 2 * BN * 4), b_ok ? b_src + i * b_row : Bw, b_ok);
+                b_src += AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * 2 * N;
                 // the scale (and zero-point) rows of the stage's first two groups (two only where G = 32)
                 const int g0 = (kt * BK) >> gshift;
                 if (pt < SLOTS * (BN / 8)) {
@@ -205,10 +217,23 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
                 mbar_wait(&full[slot], (it / stages) & 1);
                 const unsigned char *st = smem + slot * STAGE;
                 const int gs = (kt * BK) >> gshift;
-                auto fetch = [&](int kk) { // the lane's 8 bytes of the warp's four n8 blocks at k16 step kk
-                    return reinterpret_cast<const uint2 *>(st + A_BYTES + (kk * (2 * BN) + gq * 128) * 4)[2 * lane + h];
+                // the packed weights of the warp's four n8 blocks at k16 step kk: Marlin the lane's 8 bytes of them;
+                // AWQ rows 2q, 2q + 1, 2q + 8, 2q + 9 of word r of the 64-channel group (blocks 4h .. 4h + 3 are
+                // nibbles 4h .. 4h + 3 of those words)
+                auto fetch = [&](int kk) {
+                    uint4 f;
+                    if constexpr (AWQ) {
+                        const uint32_t *rowp =
+                            reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + gq * 8 + r;
+                        f = make_uint4(rowp[0], rowp[SB], rowp[8 * SB], rowp[9 * SB]);
+                    } else {
+                        const uint2 v = reinterpret_cast<const uint2 *>(st + A_BYTES +
+                                                                        (kk * (2 * BN) + gq * 128) * 4)[2 * lane + h];
+                        f = make_uint4(v.x, v.y, 0u, 0u);
+                    }
+                    return f;
                 };
-                uint2 fr = fetch(0);
+                uint4 fr = fetch(0);
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++) {
                     const int g = (kt * BK + 16 * kk) >> gshift;
@@ -219,7 +244,15 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
                         const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
                                              sl * (BN / 8) + gq * 8;
                         uint32_t sc[4];
-                        if (channelwise) {
+                        if constexpr (AWQ) { // position = column: block 4h + j, slot r is column 8r + ORDER[4h + j]
+                            const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+                            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                            for (int j = 0; j < 4; j++) {
+                                const int c = awq_order(4 * h + j);
+                                sc[j] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
+                            }
+                        } else if (channelwise) {
                             // channelwise Marlin scales: in 32 columns, position 8i + t holds column
                             // 2i + {0,1,8,9,16,17,24,25}[t]; block m = 4h + j
                             const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
@@ -234,19 +267,31 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
                         const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
 #pragma unroll
                         for (int j = 0; j < 4; j++)
-                            gc[j] = make_group_const_bits<T>(sc[j], (zw >> (4 * awq_reverse(4 * h + j))) & 0xF);
+                            gc[j] = make_group_const_bits<T>(
+                                sc[j], (zw >> (4 * (AWQ ? 4 * h + j : awq_reverse(4 * h + j)))) & 0xF);
                     }
-                    const uint2 f = fr;
+                    const uint4 f = fr;
                     if (kk + 1 < BK / 16) fr = fetch(kk + 1);
                     uint32_t b[4][2];
-                    b[0][0] = dq_lo<T>(f.x, gc[0]);
-                    b[0][1] = dq_hi<T>(f.x, gc[0]);
-                    b[1][0] = dq_lo<T>(f.x >> 8, gc[1]);
-                    b[1][1] = dq_hi<T>(f.x >> 8, gc[1]);
-                    b[2][0] = dq_lo<T>(f.y, gc[2]);
-                    b[2][1] = dq_hi<T>(f.y, gc[2]);
-                    b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
-                    b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
+                    if constexpr (AWQ) { // nibbles 4h + j of rows (2q, 2q + 1) and (2q + 8, 2q + 9), paired by prmt
+                        const uint32_t sel = h ? 0x7632u : 0x5410u;
+                        const uint32_t x01 = prmt(f.x, f.y, sel), x89 = prmt(f.z, f.w, sel);
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const uint32_t x0 = x01 >> (8 * (j / 2)), x8 = x89 >> (8 * (j / 2));
+                            b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
+                            b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+                        }
+                    } else {
+                        b[0][0] = dq_lo<T>(f.x, gc[0]);
+                        b[0][1] = dq_hi<T>(f.x, gc[0]);
+                        b[1][0] = dq_lo<T>(f.x >> 8, gc[1]);
+                        b[1][1] = dq_hi<T>(f.x >> 8, gc[1]);
+                        b[2][0] = dq_lo<T>(f.y, gc[2]);
+                        b[2][1] = dq_hi<T>(f.y, gc[2]);
+                        b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
+                        b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
+                    }
                     const T *sA = reinterpret_cast<const T *>(st);
                     const int ch = kk * 2 + (lane >> 4);
                     auto load_a = [&](int mt, uint32_t(&fa)[4]) {
@@ -308,26 +353,35 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
             // (acc + bias) in T staged in shared memory (every math warp is past its last stage: the barrier), then
             // copied out as 16-byte chunks of each row
             T *stg = reinterpret_cast<T *>(smem);
-            const T *bcol = p.bias ? static_cast<const T *>(p.bias) + n0 + warp * 32 : nullptr;
+            const T *bias = p.bias ? static_cast<const T *>(p.bias) + n0 : nullptr;
             bar_sync(2, MATH_WARPS * 32);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) { // rows r and r + 8 of the m16 tile
-                    T *srow = stg + (mt * 16 + r + 8 * hh) * SROW + warp * 32;
+                    T *srow = stg + (mt * 16 + r + 8 * hh) * SROW;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) { // columns 8j + 2q, + 1 of the warp's 32
-                        const int c = 8 * j + 2 * q;
-                        float x0 = acc[mt][j][2 * hh], x1 = acc[mt][j][2 * hh + 1];
-                        if (bcol && n0 + warp * 32 + c < N) {
-                            const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bcol + c);
-                            x0 += D::to_float(bv.x);
-                            x1 += D::to_float(bv.y);
+                    for (int j = 0; j < 4; j++) {
+                        float x[2] = {acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]};
+                        if constexpr (AWQ) { // slot 2q + c2 of block 4h + j: column 16q + 8 c2 + ORDER[4h + j]
+#pragma unroll
+                            for (int c2 = 0; c2 < 2; c2++) {
+                                const int c = gq * 64 + 16 * q + 8 * c2 + awq_order(4 * h + j);
+                                if (bias && n0 + c < N) x[c2] += D::to_float(bias[c]);
+                                srow[c] = D::from_float(x[c2]);
+                            }
+                        } else { // columns 8j + 2q, + 1 of the warp's 32
+                            const int c = warp * 32 + 8 * j + 2 * q;
+                            if (bias && n0 + c < N) { // bias is only 4-byte aligned: column pairs
+                                const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bias + c);
+                                x[0] += D::to_float(bv.x);
+                                x[1] += D::to_float(bv.y);
+                            }
+                            typename D::T2 v;
+                            v.x = D::from_float(x[0]);
+                            v.y = D::from_float(x[1]);
+                            *reinterpret_cast<uint32_t *>(srow + c) = as_u32(v);
                         }
-                        typename D::T2 v;
-                        v.x = D::from_float(x0);
-                        v.y = D::from_float(x1);
-                        *reinterpret_cast<uint32_t *>(srow + c) = as_u32(v);
                     }
                 }
             bar_sync(2, MATH_WARPS * 32);
@@ -345,23 +399,33 @@ template <typename T, int MT> __global__ void __launch_bounds__(THREADS, 1) ws_k
 }
 
 using KernelFn = void (*)(w4a16_moe_launch);
-// The instance of a launch's tile (128 or 64 rows) and dtype, and its dynamic shared memory.
+// The instance of a launch's tile (128 or 64 rows), layout and dtype, and its dynamic shared memory.
+template <int LAYOUT> KernelFn kernel_of_layout(const w4a16_moe_launch &a) {
+    if (a.tile == W4A16_MOE_TILE_WS64)
+        return a.dtype == 0 ? ws_kernel<__half, LAYOUT, 4> : ws_kernel<__nv_bfloat16, LAYOUT, 4>;
+    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, 8> : ws_kernel<__nv_bfloat16, LAYOUT, 8>;
+}
 KernelFn kernel_of(const w4a16_moe_launch &a) {
-    if (a.tile == W4A16_MOE_TILE_WS64) return a.dtype == 0 ? ws_kernel<__half, 4> : ws_kernel<__nv_bfloat16, 4>;
-    return a.dtype == 0 ? ws_kernel<__half, 8> : ws_kernel<__nv_bfloat16, 8>;
+    return a.layout == W4A16_LAYOUT_AWQ ? kernel_of_layout<W4A16_LAYOUT_AWQ>(a)
+                                        : kernel_of_layout<W4A16_LAYOUT_MARLIN>(a);
+}
+template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
+    return a.tile == W4A16_MOE_TILE_WS64 ? Tile<LAYOUT, 4>::smem(a.stages) : Tile<LAYOUT, 8>::smem(a.stages);
 }
 int smem_of(const w4a16_moe_launch &a) {
-    return a.tile == W4A16_MOE_TILE_WS64 ? Tile<4>::smem(a.stages) : Tile<8>::smem(a.stages);
+    return a.layout == W4A16_LAYOUT_AWQ ? smem_of_layout<W4A16_LAYOUT_AWQ>(a) : smem_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
 template <int MT, int TILE> constexpr bool smem_formula_holds() {
     for (int s = 2; s <= MAX_STAGES; s++)
-        if (Tile<MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s)) return false;
+        if (Tile<W4A16_LAYOUT_MARLIN, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
+            Tile<W4A16_LAYOUT_AWQ, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
+            return false;
     return true;
 }
 static_assert(smem_formula_holds<8, W4A16_MOE_TILE_128>() && smem_formula_holds<4, W4A16_MOE_TILE_WS64>(),
               "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tiles' shared memory");
-static_assert(Tile<8>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_128) &&
-                  Tile<4>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_WS64),
+static_assert(Tile<W4A16_LAYOUT_MARLIN, 8>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_128) &&
+                  Tile<W4A16_LAYOUT_MARLIN, 4>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_WS64),
               "tile rows");
 
 } // namespace ws
@@ -371,8 +435,7 @@ static_assert(Tile<8>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_128) &&
 // One block per tile (a.grid_blocks row tiles x the channel tiles), or stream-K over a.sk_blocks blocks.
 extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     using namespace w4a16::moe::ws;
-    if (a->layout != W4A16_LAYOUT_MARLIN || !w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES ||
-        a->K % BK)
+    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK)
         return cudaErrorInvalidValue;
     cudaLaunchConfig_t c = {};
     const unsigned ntiles = (a->N + BN - 1) / BN;
@@ -400,11 +463,13 @@ extern "C" int w4a16_probe_ws(void) {
     cudaFuncAttributes attr;
     cudaError_t e = cudaSuccess;
     for (int tile : {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64})
-        for (int dtype = 0; dtype < 2 && e == cudaSuccess; dtype++) {
-            w4a16_moe_launch a = {};
-            a.tile = tile;
-            a.dtype = dtype;
-            e = cudaFuncGetAttributes(&attr, kernel_of(a));
-        }
+        for (int layout = 0; layout < 2; layout++)
+            for (int dtype = 0; dtype < 2 && e == cudaSuccess; dtype++) {
+                w4a16_moe_launch a = {};
+                a.tile = tile;
+                a.layout = layout;
+                a.dtype = dtype;
+                e = cudaFuncGetAttributes(&attr, kernel_of(a));
+            }
     return e;
 }

@@ -543,8 +543,8 @@ static void test_forced_profiles(void **state) {
 /* Dense GEMMs on the MoE kernel's tiles and the warp-specialised one: under every forced profile that plans them,
  * "rows-64" (64 x 256) on a layer wide enough for its tiles to fill a wave of this GPU's block slots, M = 1000, and
  * with stream-K where they fill less (M = 48: one partial row tile; M = 500: blocks spanning tiles); the profiles whose
- * GPUs load the warp-specialised tile's image (sm90, sm120, sm121) plan "rows-128" (128 x 256) for the Marlin layout of
- * the same calls at M = 1000 (whole tiles) and 500 (stream-K), while the AWQ layout keeps rows-64, and at M = 300 on a
+ * GPUs load the warp-specialised tile's image (sm90, sm120, sm121) plan "rows-128" (128 x 256) for both layouts of
+ * the same calls at M = 1000 (whole tiles) and 500 (stream-K), and at M = 300 on a
  * layer whose channels end in half a tile (stream-K); "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few
  * tiles, K split) and a wide one at M = 24; M not a multiple of the tile's rows (a partial row block), both paths, both
  * dtypes, GPTQ's symmetric weights, with and without bias, every group size. */
@@ -553,8 +553,8 @@ static void test_rows_tiles(void **state) {
     REQUIRE_GPU();
     const char *const *names = w4a16_profile_names();
     const struct {
-        const char *kernel, *marlin_kernel; /* the plan of the AWQ layout, and of the Marlin one where it differs */
-        int M, N, K, split;                 /* split: the plan must split K (across blocks, or stream-K) */
+        const char *kernel, *ws_kernel; /* the plan, and the warp-specialised tile that replaces it where it runs */
+        int M, N, K, split;             /* split: the plan must split K (across blocks, or stream-K) */
     } shapes[] = {{"rows-64", "rows-128", 1000, 256 * ((2 * sm_count * 85 / 100) / 16 + 1), quick ? 256 : 1024, 0},
                   /* 90% of an SM count of 64-row tiles (a partial one: M = 48): stream-K over the slots */
                   {"rows-64", "ws-64", 48, 256 * (sm_count * 9 / 10), quick ? 1280 : 2048, 1},
@@ -577,17 +577,18 @@ static void test_rows_tiles(void **state) {
             W4_CHECK(w4a16_gemm_plan(0, M, N, K, 128, W4A16_FP16, workspace_bytes, &pa));
             W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pm));
             printf("  profile %-5s M=%d N=%d: awq %s\n                marlin %s\n", names[p], M, N, pa.text, pm.text);
-            /* the Marlin layout's alternative where the profile plans it (on a GPU with its image) */
-            const char *mk = shapes[sh].marlin_kernel && strcmp(pm.kernel, shapes[sh].marlin_kernel) == 0
-                                 ? shapes[sh].marlin_kernel
-                                 : shapes[sh].kernel;
-            if (strcmp(pa.kernel, shapes[sh].kernel) != 0 || strcmp(pm.kernel, mk) != 0) continue;
+            /* the warp-specialised tile where the profile plans it (on a GPU with its image), in either layout */
+            const char *wk = shapes[sh].ws_kernel;
+            const int a_ws = wk && strcmp(pa.kernel, wk) == 0, m_ws = wk && strcmp(pm.kernel, wk) == 0;
+            if ((!a_ws && strcmp(pa.kernel, shapes[sh].kernel) != 0) ||
+                (!m_ws && strcmp(pm.kernel, shapes[sh].kernel) != 0))
+                continue;
             if (shapes[sh].split &&
                 ((pa.splits < 2 && !strstr(pa.text, "stream-K")) || (pm.splits < 2 && !strstr(pm.text, "stream-K"))))
                 fail_msg("profile %s: %s / %s did not split K", names[p], pa.text, pm.text);
             planned++;
-            planned128 += strcmp(mk, "rows-128") == 0;
-            planned_ws64 += strcmp(mk, "ws-64") == 0;
+            if (wk && strcmp(wk, "rows-128") == 0) planned128 += a_ws + m_ws;
+            if (wk && strcmp(wk, "ws-64") == 0) planned_ws64 += a_ws + m_ws;
             stats st = {0};
             for (int d = 0; d < 2; d++)
                 for (int g = 0; g < 4; g++) {
@@ -599,16 +600,16 @@ static void test_rows_tiles(void **state) {
                     gpu_layer_free(&L);
                 }
             char what[64];
-            snprintf(what, sizeof what, "%s / %s under profile %s", shapes[sh].kernel, mk, names[p]);
+            snprintf(what, sizeof what, "%s / %s under profile %s", a_ws ? wk : shapes[sh].kernel,
+                     m_ws ? wk : shapes[sh].kernel, names[p]);
             stats_print(what, &st);
         }
         assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
         if (planned == 0) fail_msg("no profile planned %s for M=%d N=%d K=%d", shapes[sh].kernel, M, N, K);
     }
-    /* the sm120 / sm121 profiles plan rows-128 on the three Marlin shapes and ws-64 at M = 48 (sm90 runs wgmma there)
-     */
-    if (ws_device && planned128 < 6) fail_msg("rows-128 planned %d times, expected 6 or more", planned128);
-    if (ws_device && planned_ws64 < 2) fail_msg("ws-64 planned %d times, expected 2 or more", planned_ws64);
+    /* the sm120 / sm121 profiles plan rows-128 on three shapes and ws-64 at M = 48, in both layouts (sm90: wgmma) */
+    if (ws_device && planned128 < 12) fail_msg("rows-128 planned %d times, expected 12 or more", planned128);
+    if (ws_device && planned_ws64 < 4) fail_msg("ws-64 planned %d times, expected 4 or more", planned_ws64);
     if (!ws_device)
         printf("  rows-128 / ws-64 not run: this GPU does not load their sm_90a / sm_120a / sm_121a image\n");
 }
