@@ -61,9 +61,9 @@ typedef struct w4a16_profile {
                           layout take the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128) from this M, in whole
                           tiles where they fill at least rows128_min_wave_fill percent of the waves they take */
     int rows128_min_wave_fill;
-    int ws64_sk_min_kt; /* > 0: below rows128_min_m, on such a device, the warp-specialised 64 x 256 tile
-                           (W4A16_KERNEL_WS64) where rows-64 would not run whole tiles, with stream-K blocks of at
-                           least this many k-tiles (one block per SM) */
+    int ws64_sk_min_kt; /* > 0: on such a device, the warp-specialised 64 x 256 tile (W4A16_KERNEL_WS64) below
+                           rows128_min_m where rows-64 would not run whole tiles, and from it where the 128-row tile
+                           has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */
     int rows32_max_k;   /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                            mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                            at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */

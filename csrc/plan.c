@@ -194,7 +194,7 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
  * On devices with the warp-specialised tiles' image (kernels/tile_ws.cu), both layouts run them instead (v34): from
  * rows128_min_m the 128 x 256 one (whole tiles from rows128_min_wave_fill percent of their waves, else stream-K; v32),
  * below it the 64 x 256 one wherever rows-64 would not run whole tiles, with stream-K blocks of at least
- * ws64_sk_min_kt k-tiles (v33). */
+ * ws64_sk_min_kt k-tiles (v33), and from rows128_min_m also where the 128-row one has no plan (v35). */
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                        int rows32_splits, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -208,8 +208,17 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     /* the warp-specialised 128-row tile from rows128_min_m, one block per SM */
     if (ws && M >= p->rows128_min_m) {
         if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
-                          &c, &whole))
+                          &c, &whole)) {
+            /* narrow layers (few 128-row tiles of short K: too few stream-K blocks, or a 32-row plan splitting K 3
+             * ways): the 64-row tile with stream-K blocks of ws64_sk_min_kt k-tiles (v35) */
+            c = *pl;
+            if (p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
+                                                      p->ws64_sk_min_kt, M, N, K, workspace_bytes, &c, &whole)) {
+                *pl = c;
+                return 1;
+            }
             return 0;
+        }
         *pl = c;
         return 1;
     }

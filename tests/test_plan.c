@@ -749,6 +749,9 @@ static void test_hand_checked_rows128(void **state) {
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 28672, 4096, WS64, 1, 112, 132},
         /* 16 tiles x 64 k-tiles: 1024 / 16 = 64 rows-64 blocks are fewer than the SMs; ws-64 blocks of 7-8 k-tiles */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, WS64, 1, 16, 132},
+        /* M = 128 on a narrow layer: 16 rows-128 tiles x 64 k-tiles make 64 blocks of 16, fewer than the SMs (and the
+         * 32-row plan splits K 3 ways); 32 ws-64 tiles shared among 132 blocks of 15-16 k-tiles */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
         /* 231 rows-64 tiles fill 87% of 264 slots: rows-64, whole */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, R64, 1, 231, 0},
         /* the AWQ layout too (4 x 16 tiles: stream-K); the device without the image and the sm80 profile on the H100
