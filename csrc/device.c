@@ -130,6 +130,17 @@ static void emulation_text(const w4a16_device_state *st, char *buf, size_t size)
                  st->smem_per_sm / 1024, st->profile->name, st->carveout, st->device_smem_per_sm / 1024);
 }
 
+/* ", warp-specialised tiles from M = ..." where the view's profile plans them (csrc/plan.c plan_rows64: the 64-row form
+ * past the 32-row regime, the 128-row one from rows128_min_m) and no wgmma kernel takes those M first. Short: the
+ * device description (reason[256]) also holds the forced profile and the emulation. */
+static void ws_text(const w4a16_device_state *st, char *buf, size_t size) {
+    const w4a16_profile *p = st->profile;
+    buf[0] = 0;
+    if (st->ws && p->rows128_min_m > 0 && !(st->wgmma && p->wgmma_min_m > 0))
+        snprintf(buf, size, ", warp-specialised tiles from M = %d",
+                 p->ws64_sk_min_kt > 0 ? p->mid32_max_m + 1 : p->rows128_min_m);
+}
+
 /* Accept `p` for the device if it fits; else walk its fallback chain. */
 static const w4a16_profile *fit_profile(const w4a16_profile *p, size_t smem_optin) {
     while (p && (size_t)w4a16_profile_smem_bytes(p) > smem_optin) p = w4a16_find_profile(p->fallback);
@@ -217,16 +228,17 @@ static const w4a16_device_state *init_state(int device, w4a16_device_views *v) {
     const int is_forced = forced && *forced && strcmp(forced, "auto") != 0;
     st->status = W4A16_OK;
     const w4a16_device_state *view = w4a16_device_view(v, p, is_forced);
-    char wg[128] = "", staged[48] = "", emu[128];
+    char wg[128] = "", staged[48] = "", emu[128], wst[64];
     emulation_text(view, emu, sizeof emu);
+    ws_text(view, wst, sizeof wst);
     if (p->staged_min_m > 0) snprintf(staged, sizeof staged, ", staged GEMMs from M = %d", p->staged_min_m);
     if (st->wgmma && p->wgmma_min_m > 0)
         snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
                  p->wgmma_large_min_m, staged);
-    snprintf(v->reason, sizeof v->reason, "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s",
-             p->name, is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count,
-             st->smem_optin / 1024,
-             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg, emu);
+    snprintf(v->reason, sizeof v->reason,
+             "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s%s", p->name,
+             is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count, st->smem_optin / 1024,
+             has_native_sass(arch) ? "native SASS" : "PTX JIT (no SASS for this GPU in this build)", wg, wst, emu);
     if (st->log_level) fprintf(stderr, "w4a16: device %d: %s\n", device, v->reason);
     return view;
 }
@@ -341,11 +353,12 @@ w4a16_status w4a16_force_profile(const char *name) {
         st = w4a16_device_view(v, p, !automatic);
         w4a16_publish_view(v, st);
     }
-    char emu[128];
+    char emu[128], wst[64];
     emulation_text(st, emu, sizeof emu);
+    ws_text(st, wst, sizeof wst);
     if (st->log_level)
-        fprintf(stderr, "w4a16: device %d: profile %s%s%s\n", device, p ? p->name : "?",
-                automatic ? " (automatic)" : " (forced)", emu);
+        fprintf(stderr, "w4a16: device %d: profile %s%s%s%s\n", device, p ? p->name : "?",
+                automatic ? " (automatic)" : " (forced)", wst, emu);
     pthread_mutex_unlock(&state_lock);
     return W4A16_OK;
 }
