@@ -121,7 +121,9 @@ static pthread_mutex_t moe_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
  * once; *occupancy: its resident blocks per SM. Returns the cudaError_t. */
 static int moe_prepare(int device, const w4a16_moe_launch *a, int split, int *occupancy) {
     const int tile = a->tile;
-    if ((split == 1 && !w4a16_moe_tile_can_split(tile)) || (split == 2 && !w4a16_moe_tile_can_stream_k(tile)))
+    /* (the warp-specialised tiles run stream-K and whole tiles in one kernel: one entry) */
+    if ((split == 1 && !w4a16_moe_tile_can_split(tile)) || (split == 2 && !w4a16_moe_tile_can_stream_k(tile)) ||
+        w4a16_moe_tile_ws(tile))
         split = 0;
     const int smem = w4a16_moe_smem_bytes(tile, a->layout, a->stages);
     int err = cudaSuccess;

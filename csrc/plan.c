@@ -205,28 +205,29 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
     const int ws = st->ws && p->rows128_min_m > 0;
     w4a16_plan c = *pl;
     int whole;
-    /* the warp-specialised 128-row tile from rows128_min_m, one block per SM */
+    /* the warp-specialised 128-row tile from rows128_min_m, one block per SM; on narrow layers (few 128-row tiles of
+     * short K: too few stream-K blocks, or a 32-row plan splitting K 3 ways) its 64-row form with stream-K blocks of
+     * ws64_sk_min_kt k-tiles (v35); where neither has a plan (no workspace, and whole tiles under 90% of their waves),
+     * rows-64 below */
     if (ws && M >= p->rows128_min_m) {
-        if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
-                          &c, &whole)) {
-            /* narrow layers (few 128-row tiles of short K: too few stream-K blocks, or a 32-row plan splitting K 3
-             * ways): the 64-row tile with stream-K blocks of ws64_sk_min_kt k-tiles (v35) */
-            c = *pl;
-            if (p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
-                                                      p->ws64_sk_min_kt, M, N, K, workspace_bytes, &c, &whole)) {
-                *pl = c;
-                return 1;
-            }
-            return 0;
+        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
+                         &c, &whole)) {
+            *pl = c;
+            return 1;
         }
-        *pl = c;
-        return 1;
+        c = *pl;
+        if (p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
+                                                  p->ws64_sk_min_kt, M, N, K, workspace_bytes, &c, &whole)) {
+            *pl = c;
+            return 1;
+        }
+        c = *pl;
     }
-    /* else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM); where it would share k-tiles, the
-     * warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
+    /* else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM); below rows128_min_m, where it would
+     * share k-tiles, the warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
     const int rows64 = plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K,
                                     workspace_bytes, &c, &whole);
-    if (ws && p->ws64_sk_min_kt > 0 && !(rows64 && whole) && sk_kt > 0) {
+    if (ws && M < p->rows128_min_m && p->ws64_sk_min_kt > 0 && !(rows64 && whole) && sk_kt > 0) {
         w4a16_plan w = *pl;
         if (plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill, p->ws64_sk_min_kt, M, N, K,
                          workspace_bytes, &w, &whole)) {

@@ -762,6 +762,18 @@ static void test_hand_checked_rows128(void **state) {
         /* without the image the M = 48 layer above has no 64-row plan (the mma.sync tile kernel) */
         {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
     };
+    /* without a workspace, where the warp-specialised tiles would need stream-K (200 128-row tiles under 90% of two
+     * waves, 400 64-row ones under 90% of four), rows-64's 400 whole tiles (76% of two waves of 264 slots) */
+    {
+        plan_device d = {"H100 as sm120", "sm90", 132, 232448, 1, 1};
+        w4a16_device_state st = device_state(&d);
+        w4a16_use_profile(&st, w4a16_find_profile("sm120"), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, 1280, 5120, 4096, 0, "test", &pl), W4A16_OK);
+        assert_int_equal(pl.kind, W4A16_KERNEL_ROWS64);
+        assert_int_equal(pl.grid[0] * pl.grid[1], 400);
+        assert_int_equal(pl.sk_blocks, 0);
+    }
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
         w4a16_device_state st = device_state(&d);
