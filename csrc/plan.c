@@ -180,6 +180,16 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
     return 1;
 }
 
+/* The warp-specialised 64-row tile (one block per SM), whole or with stream-K blocks of ws64_sk_min_kt k-tiles; 0 where
+ * the profile has none (ws64_sk_min_kt = 0) or it does not fit. */
+static int plan_ws64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                     w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    int whole;
+    return p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
+                                                 p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl, &whole);
+}
+
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
  * K split among them) on the identity routing, where no wgmma tile runs and M is past the decode and 32-row regimes:
  * - whole tiles where they fill at least rows64_min_fill percent of one wave of its block slots and
@@ -216,8 +226,7 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
             return 1;
         }
         c = *pl;
-        if (p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
-                                                  p->ws64_sk_min_kt, M, N, K, workspace_bytes, &c, &whole)) {
+        if (plan_ws64(st, layout, M, N, K, workspace_bytes, &c)) {
             *pl = c;
             return 1;
         }
@@ -227,10 +236,9 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
      * share k-tiles, the warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
     const int rows64 = plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K,
                                     workspace_bytes, &c, &whole);
-    if (ws && M < p->rows128_min_m && p->ws64_sk_min_kt > 0 && !(rows64 && whole) && sk_kt > 0) {
+    if (ws && M < p->rows128_min_m && !(rows64 && whole) && sk_kt > 0) {
         w4a16_plan w = *pl;
-        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill, p->ws64_sk_min_kt, M, N, K,
-                         workspace_bytes, &w, &whole)) {
+        if (plan_ws64(st, layout, M, N, K, workspace_bytes, &w)) {
             *pl = w;
             return 1;
         }
