@@ -130,15 +130,20 @@ static void emulation_text(const w4a16_device_state *st, char *buf, size_t size)
                  st->smem_per_sm / 1024, st->profile->name, st->carveout, st->device_smem_per_sm / 1024);
 }
 
-/* ", warp-specialised tiles from M = ..." where the view's profile plans them (csrc/plan.c plan_rows64: the 64-row form
- * past the 32-row regime, the 128-row one from rows128_min_m) and no wgmma kernel takes those M first. Short: the
- * device description (reason[256]) also holds the forced profile and the emulation. */
+/* ", warp-specialised tiles from M = ..." where the view's profile plans them (csrc/plan.c: the 32-row form in the
+ * mid32 regime, the 64-row one past it, the 128-row one from rows128_min_m; ", at M = 17-32" where a wgmma kernel takes
+ * the M above). Short: the device description (reason[256]) also holds the forced profile and the emulation. */
 static void ws_text(const w4a16_device_state *st, char *buf, size_t size) {
     const w4a16_profile *p = st->profile;
     buf[0] = 0;
-    if (st->ws && p->rows128_min_m > 0 && !(st->wgmma && p->wgmma_min_m > 0))
-        snprintf(buf, size, ", warp-specialised tiles from M = %d",
-                 p->ws64_sk_min_kt > 0 ? p->mid32_max_m + 1 : p->rows128_min_m);
+    if (!st->ws || p->rows128_min_m <= 0) return;
+    const int from = p->ws32_min_kt > 0      ? p->small_max_m + 1
+                     : p->ws64_sk_min_kt > 0 ? p->mid32_max_m + 1
+                                             : p->rows128_min_m;
+    if (!(st->wgmma && p->wgmma_min_m > 0))
+        snprintf(buf, size, ", warp-specialised tiles from M = %d", from);
+    else if (from < p->wgmma_min_m)
+        snprintf(buf, size, ", warp-specialised tiles at M = %d-%d", from, p->wgmma_min_m - 1);
 }
 
 /* Accept `p` for the device if it fits; else walk its fallback chain. */

@@ -155,7 +155,7 @@ static int moe_blocks_per_sm(const w4a16_device_state *st, int device, const w4a
     return occ < by_smem ? occ : by_smem;
 }
 
-/* The MoE launch of a dense GEMM plan (W4A16_KERNEL_ROWS64 / ROWS32): the 64- or 32-row tile on the identity routing
+/* The MoE launch of a dense GEMM plan that runs a MoE launch tile (W4A16_KERNEL_TILES) on the identity routing
  * (no routing buffers: row i of A and C is pair i of routing block i / rows, all of expert 0), channel tiles fastest.
  */
 static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
@@ -182,10 +182,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .layout = g->layout,
         .stages = g->plan.stages,
         .carveout = g->plan.carveout,
-        .tile = g->plan.kind == W4A16_KERNEL_WS64 ? W4A16_MOE_TILE_WS64
-                : rows == 128                     ? W4A16_MOE_TILE_128
-                : rows == 64                      ? W4A16_MOE_TILE_64
-                                                  : W4A16_MOE_TILE_32,
+        .tile = w4a16_kernel_moe_tile(g->plan.kind),
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,
@@ -246,7 +243,9 @@ static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launc
 }
 
 int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
-    if (tile == W4A16_MOE_TILE_WS64) return 4; /* 70656 bytes: one block per 100 KB SM, as the 128-row tile's 3 */
+    /* ws-64 70656 bytes, ws-32 54272: one block per 100 KB SM, as the 128-row tile's 3 stages (ws-32 with 6 stages,
+     * 81408 bytes, measured no faster: docs/PERFORMANCE.md v36) */
+    if (tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32) return 4;
     const int base = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
     /* The 64-row tile (4 warps) with 3 stages of 64 k takes 53-56 KB: one block per 100 KB SM, so 4 warps to hide
      * every latency. With 2 stages (35-37 KB) two blocks fit: 0.67-0.75x the time at T >= 1024 under the sm120

@@ -139,10 +139,7 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
     if ((size_t)smem > st->smem_optin) return 0;
-    pl->kind = tile == W4A16_MOE_TILE_WS64 ? W4A16_KERNEL_WS64
-               : rows == 128               ? W4A16_KERNEL_ROWS128
-               : rows == 64                ? W4A16_KERNEL_ROWS64
-                                           : W4A16_KERNEL_ROWS32;
+    pl->kind = w4a16_moe_tile_kernel(tile);
     pl->cfg = rows;
     pl->stages = stages;
     pl->threads = w4a16_moe_tile_threads(tile);
@@ -188,6 +185,23 @@ static int plan_ws64(const w4a16_device_state *st, int layout, int M, int N, int
     int whole;
     return p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
                                                  p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl, &whole);
+}
+
+/* M 17-32 where no 32-row plan runs, on a device with the warp-specialised tiles' image: their 32-row form, whole
+ * tiles where they fill rows128_min_wave_fill percent of their waves, else stream-K over one block per SM if each gets
+ * ws32_min_kt k-tiles. 0 where the profile has none or it has no plan (then the mma.sync 32 x 256 tile, or the decode
+ * tiles on narrow layers). */
+static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                     w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    if (!st->ws || p->ws32_min_kt <= 0 || K % 64 || M <= p->small_max_m || M > p->mid32_max_m) return 0;
+    w4a16_plan c = *pl;
+    int whole;
+    if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_WS32, 1, p->rows128_min_wave_fill, p->ws32_min_kt, M, N, K,
+                      workspace_bytes, &c, &whole))
+        return 0;
+    *pl = c;
+    return 1;
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
@@ -354,6 +368,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         *pl = r32;
         return W4A16_OK;
     }
+    if (plan_ws32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);
@@ -423,13 +438,14 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
             snprintf(split, sizeof split, "%d K split%s, grid %dx%dx%d", pl->splits, pl->splits > 1 ? "s" : "",
                      pl->grid[0], pl->grid[1], pl->grid[2]);
         n = snprintf(buf, size,
-                     "%s (the MoE kernel's %s tile, %d stages, identity routing), %s, %d threads, %d bytes shared, "
-                     "%d block%s/SM",
+                     "%s (the %s tile, %d stages, the MoE launch's identity routing), %s, %d threads, %d bytes "
+                     "shared, %d block%s/SM",
                      w4a16_kernel_kind_name(pl->kind),
                      pl->kind == W4A16_KERNEL_ROWS128  ? "warp-specialised 128 x 256"
                      : pl->kind == W4A16_KERNEL_WS64   ? "warp-specialised 64 x 256"
-                     : pl->kind == W4A16_KERNEL_ROWS64 ? "64 x 256"
-                                                       : "32 x 128",
+                     : pl->kind == W4A16_KERNEL_WS32   ? "warp-specialised 32 x 256"
+                     : pl->kind == W4A16_KERNEL_ROWS64 ? "MoE kernel's 64 x 256"
+                                                       : "MoE kernel's 32 x 128",
                      pl->stages, split, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     } else if (pl->kind == W4A16_KERNEL_MMA)

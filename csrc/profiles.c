@@ -57,7 +57,7 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * would share k-tiles (stream-K) or could not (blocks of fewer than 16 k-tiles), its stream-K blocks at least 4
  * k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of 16 tiles (llama3-8b.o: 0.95-1.03x; v33),
  * and from M = 65 where the 128-row tile has no plan (narrow layers that ran rows-32: 0.75-0.97x at M 128-256, v35). */
-#define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4
+#define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4, .ws32_min_kt = 8
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
 

@@ -164,7 +164,8 @@ W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
  * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
 typedef struct w4a16_gemm_plan_info {
     char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64" or "rows-32" (MoE tiles),
-                        "rows-128" or "ws-64" (the warp-specialised 128 x 256 and 64 x 256 tiles) */
+                        "rows-128", "ws-64" or "ws-32" (the warp-specialised 128 x 256, 64 x 256 and 32 x 256
+                        tiles) */
     int config;      /* tile config id (mma.sync or wgmma list, by kernel; rows-*: the tile's rows) */
     int stages, splits, grid[3], threads, smem_bytes;
     int blocks_per_sm;      /* resident blocks per SM the plan sized its K split for */
@@ -198,7 +199,7 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * W4A16_FLAG_REDUCE_IN_DTYPE: when K is split across blocks, round the partial sums to the output dtype before
  * adding them (vLLM's use_fp32_reduce = false): half the workspace traffic, slightly less accurate. The default
  * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-32", "rows-64" (the MoE
- * kernel's tiles), "rows-128" and "ws-64" always add fp32 partials. */
+ * kernel's tiles), "rows-128", "ws-64" and "ws-32" always add fp32 partials. */
 #define W4A16_FLAG_REDUCE_IN_DTYPE 1u
 /* W4A16_FLAG_PDL: launch with programmatic dependent launch (compute capability 9.0 and up; ignored below). The
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,

@@ -4,6 +4,7 @@
 #ifndef W4A16_KERNEL_LAUNCH_H
 #define W4A16_KERNEL_LAUNCH_H
 #include "configs.h"
+#include "moe_launch.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,25 +36,56 @@ typedef struct w4a16_gemm_args {
 } w4a16_gemm_args;
 
 /* Which GEMM kernel runs: the decode kernel (kernels/gemm_decode.cuh) with 8 or 16 tokens per MMA, the mma.sync tile
- * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), the staged path (dequantise, then dense wgmma), or the
- * MoE grouped GEMM's 64 x 256 or 32 x 128 tile (kernels/moe.cu) on the identity routing (csrc/moe.c launches them). */
+ * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), the staged path (dequantise, then dense wgmma), or one
+ * of the MoE launch's tiles on the identity routing (csrc/moe.c launches them): the MoE kernel's 64 x 256 or 32 x 128
+ * tile (kernels/moe.cu), the warp-specialised tiles of 128, 64 or 32 rows (kernels/tile_ws.cu). */
 #define W4A16_KERNEL_KINDS(X)                                                                                          \
     X(DECODE8, "decode-8")                                                                                             \
     X(DECODE16, "decode-16")                                                                                           \
     X(MMA, "mma.sync")                                                                                                 \
     X(WGMMA, "wgmma")                                                                                                  \
-    X(STAGED, "staged") X(ROWS64, "rows-64") X(ROWS32, "rows-32") X(ROWS128, "rows-128") X(WS64, "ws-64")
-/* The MoE tile rows of a rows-64 / rows-32 plan, 0 for the other kinds. */
-#define W4A16_KERNEL_ROWS(kind)                                                                                        \
-    ((kind) == W4A16_KERNEL_ROWS64 || (kind) == W4A16_KERNEL_WS64 ? 64                                                 \
-     : (kind) == W4A16_KERNEL_ROWS32                              ? 32                                                 \
-     : (kind) == W4A16_KERNEL_ROWS128                             ? 128                                                \
-                                                                  : 0)
+    X(STAGED, "staged")                                                                                                \
+    X(ROWS64, "rows-64")                                                                                               \
+    X(ROWS32, "rows-32")                                                                                               \
+    X(ROWS128, "rows-128") X(WS64, "ws-64") X(WS32, "ws-32")
+/* The kinds that run a MoE launch tile, and that tile: one table for both directions. */
+#define W4A16_KERNEL_TILES(X)                                                                                          \
+    X(ROWS64, W4A16_MOE_TILE_64)                                                                                       \
+    X(ROWS32, W4A16_MOE_TILE_32)                                                                                       \
+    X(ROWS128, W4A16_MOE_TILE_128)                                                                                     \
+    X(WS64, W4A16_MOE_TILE_WS64) X(WS32, W4A16_MOE_TILE_WS32)
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)
 #undef W4A16_KIND_ENUM_
 } w4a16_kernel_kind;
+
+/* The MoE launch tile of a plan kind, -1 for the kinds that run none; and the kind of a tile, -1 for the MoE-only
+ * tiles. */
+static inline int w4a16_kernel_moe_tile(int kind) {
+    switch (kind) {
+#define W4A16_KIND_TILE_(sym, tile)                                                                                    \
+    case W4A16_KERNEL_##sym:                                                                                           \
+        return tile;
+        W4A16_KERNEL_TILES(W4A16_KIND_TILE_)
+#undef W4A16_KIND_TILE_
+    default:
+        return -1;
+    }
+}
+static inline int w4a16_moe_tile_kernel(int tile) {
+    switch (tile) {
+#define W4A16_TILE_KIND_(sym, tile)                                                                                    \
+    case tile:                                                                                                         \
+        return W4A16_KERNEL_##sym;
+        W4A16_KERNEL_TILES(W4A16_TILE_KIND_)
+#undef W4A16_TILE_KIND_
+    default:
+        return -1;
+    }
+}
+/* The MoE tile rows of a plan that runs one (W4A16_KERNEL_TILES), 0 for the other kinds. */
+#define W4A16_KERNEL_ROWS(kind) (w4a16_kernel_moe_tile(kind) < 0 ? 0 : w4a16_moe_tile_rows(w4a16_kernel_moe_tile(kind)))
 
 /* One GEMM call's launch, decided once on the host (csrc/plan.c); the kernels follow it without deciding again. */
 typedef struct w4a16_plan {

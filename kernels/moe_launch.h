@@ -47,8 +47,8 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
  * gives the resident blocks per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per
  * device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
-/* The warp-specialised dense tiles (W4A16_MOE_TILE_128 / _WS64; kernels/tile_ws.cu): their launch and their
- * preparation as above, and whether this device can load it (its kernels exist only as sm_90a / sm_120a / sm_121a
+/* The warp-specialised dense tiles (W4A16_MOE_TILE_128 / _WS64 / _WS32; kernels/tile_ws.cu): their launch and
+ * their preparation as above, and whether this device can load it (its kernels exist only as sm_90a / sm_120a / sm_121a
  * machine code: they set their warps' register budgets with setmaxnreg); cudaError_t. */
 int w4a16_launch_ws(const w4a16_moe_launch *a);
 int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm);
@@ -62,7 +62,8 @@ enum {
     W4A16_MOE_TILE_64 = 4,     /* 64 x 256, 64 k */
     W4A16_MOE_TILE_128 = 5,    /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cu; dense only) */
     W4A16_MOE_TILE_WS64 = 6,   /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
-    W4A16_MOE_TILES = 7
+    W4A16_MOE_TILE_WS32 = 7,   /* 32 x 256, 64 k: ... 32-row warp tiles (M 17-32) */
+    W4A16_MOE_TILES = 8
 };
 
 #ifdef __cplusplus
@@ -71,11 +72,14 @@ enum {
 #define W4A16_MOE_CONSTEXPR_
 #endif
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
-    return tile <= W4A16_MOE_TILE_16x256 ? 16 : tile == W4A16_MOE_TILE_32 ? 32 : tile == W4A16_MOE_TILE_128 ? 128 : 64;
+    return tile <= W4A16_MOE_TILE_16x256                              ? 16
+           : tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_WS32 ? 32
+           : tile == W4A16_MOE_TILE_128                               ? 128
+                                                                      : 64;
 }
 /* The warp-specialised tiles (kernels/tile_ws.cu). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
-    return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64;
+    return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32;
 }
 /* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {

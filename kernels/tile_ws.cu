@@ -1,5 +1,5 @@
-// The warp-specialised mma.sync tile for dense GEMMs, both weight layouts ("rows-128" and "ws-64": launched through the
-// MoE launch on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
+// The warp-specialised mma.sync tile for dense GEMMs, both weight layouts ("rows-128", "ws-64", "ws-32":
+// launched through the MoE launch on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
 //
 // Why: the rows-64 tile (4 warps of 64 x 64, every thread issuing copies, a block barrier per stage) runs its loop at
 // about 57% of the mma.sync pipe, stalled on fixed-latency dependencies (docs/PERFORMANCE.md "Session 16"). Here a
@@ -399,34 +399,49 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
 }
 
 using KernelFn = void (*)(w4a16_moe_launch);
-// The instance of a launch's tile (128 or 64 rows), layout and dtype, and its dynamic shared memory.
+// A tile's warp rows in m16 tiles: 128 x 256 -> 8, ws-64 -> 4, ws-32 -> 2.
+constexpr int mt_of(int tile) { return w4a16_moe_tile_rows(tile) / 16; }
+template <int LAYOUT, int MT> KernelFn kernel_mt(const w4a16_moe_launch &a) {
+    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, MT> : ws_kernel<__nv_bfloat16, LAYOUT, MT>;
+}
 template <int LAYOUT> KernelFn kernel_of_layout(const w4a16_moe_launch &a) {
-    if (a.tile == W4A16_MOE_TILE_WS64)
-        return a.dtype == 0 ? ws_kernel<__half, LAYOUT, 4> : ws_kernel<__nv_bfloat16, LAYOUT, 4>;
-    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, 8> : ws_kernel<__nv_bfloat16, LAYOUT, 8>;
+    switch (mt_of(a.tile)) {
+    case 2:
+        return kernel_mt<LAYOUT, 2>(a);
+    case 4:
+        return kernel_mt<LAYOUT, 4>(a);
+    default:
+        return kernel_mt<LAYOUT, 8>(a);
+    }
 }
 KernelFn kernel_of(const w4a16_moe_launch &a) {
     return a.layout == W4A16_LAYOUT_AWQ ? kernel_of_layout<W4A16_LAYOUT_AWQ>(a)
                                         : kernel_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
 template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
-    return a.tile == W4A16_MOE_TILE_WS64 ? Tile<LAYOUT, 4>::smem(a.stages) : Tile<LAYOUT, 8>::smem(a.stages);
+    switch (mt_of(a.tile)) {
+    case 2:
+        return Tile<LAYOUT, 2>::smem(a.stages);
+    case 4:
+        return Tile<LAYOUT, 4>::smem(a.stages);
+    default:
+        return Tile<LAYOUT, 8>::smem(a.stages);
+    }
 }
 int smem_of(const w4a16_moe_launch &a) {
     return a.layout == W4A16_LAYOUT_AWQ ? smem_of_layout<W4A16_LAYOUT_AWQ>(a) : smem_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
-template <int MT, int TILE> constexpr bool smem_formula_holds() {
+template <int TILE> constexpr bool smem_formula_holds() {
+    constexpr int MT = mt_of(TILE);
     for (int s = 2; s <= MAX_STAGES; s++)
         if (Tile<W4A16_LAYOUT_MARLIN, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
             Tile<W4A16_LAYOUT_AWQ, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
             return false;
-    return true;
+    return Tile<W4A16_LAYOUT_MARLIN, MT>::BM == w4a16_moe_tile_rows(TILE);
 }
-static_assert(smem_formula_holds<8, W4A16_MOE_TILE_128>() && smem_formula_holds<4, W4A16_MOE_TILE_WS64>(),
+static_assert(smem_formula_holds<W4A16_MOE_TILE_128>() && smem_formula_holds<W4A16_MOE_TILE_WS64>() &&
+                  smem_formula_holds<W4A16_MOE_TILE_WS32>(),
               "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tiles' shared memory");
-static_assert(Tile<W4A16_LAYOUT_MARLIN, 8>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_128) &&
-                  Tile<W4A16_LAYOUT_MARLIN, 4>::BM == w4a16_moe_tile_rows(W4A16_MOE_TILE_WS64),
-              "tile rows");
 
 } // namespace ws
 } // namespace moe
@@ -462,7 +477,7 @@ extern "C" int w4a16_probe_ws(void) {
 #endif
     cudaFuncAttributes attr;
     cudaError_t e = cudaSuccess;
-    for (int tile : {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64})
+    for (int tile : {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64, W4A16_MOE_TILE_WS32})
         for (int layout = 0; layout < 2; layout++)
             for (int dtype = 0; dtype < 2 && e == cudaSuccess; dtype++) {
                 w4a16_moe_launch a = {};

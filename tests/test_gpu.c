@@ -566,8 +566,12 @@ static void test_rows_tiles(void **state) {
                   {"rows-64", "rows-128", 300, 256 * (sm_count / 4) + 128, quick ? 2048 : 4096, 1},
                   /* 8 x 4 rows-128 tiles make too few stream-K blocks: ws-64 where it runs */
                   {"rows-32", "ws-64", 200, 1024, quick ? 1280 : 4096, 1},
-                  {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0}};
-    int planned128 = 0, planned_ws64 = 0;
+                  {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0},
+                  /* M 17-32 where no rows-32 plan runs (K past rows32_max_k): ws-32, stream-K (0.25 tiles per SM, 32
+                   * k-tiles a block), and whole tiles (one per SM) */
+                  {"mma.sync", "ws-32", 24, 256 * (sm_count / 4), 8320, 1},
+                  {"mma.sync", "ws-32", 32, 256 * sm_count, 8320, 0}};
+    int planned128 = 0, planned_ws64 = 0, planned_ws32 = 0;
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         int planned = 0;
@@ -591,6 +595,7 @@ static void test_rows_tiles(void **state) {
             planned++;
             if (wk && strcmp(wk, "rows-128") == 0) planned128 += a_ws + m_ws;
             if (wk && strcmp(wk, "ws-64") == 0) planned_ws64 += a_ws + m_ws;
+            if (wk && strcmp(wk, "ws-32") == 0) planned_ws32 += a_ws + m_ws;
             stats st = {0};
             for (int d = 0; d < 2; d++)
                 for (int g = 0; g < 4; g++) {
@@ -610,11 +615,99 @@ static void test_rows_tiles(void **state) {
         if (planned == 0) fail_msg("no profile planned %s for M=%d N=%d K=%d", shapes[sh].kernel, M, N, K);
     }
     /* the sm120 / sm121 profiles plan rows-128 on three shapes and ws-64 at M = 48 and 200, in both layouts (sm90:
-     * wgmma) */
+     * wgmma there) */
     if (ws_device && planned128 < 12) fail_msg("rows-128 planned %d times, expected 12 or more", planned128);
     if (ws_device && planned_ws64 < 8) fail_msg("ws-64 planned %d times, expected 8 or more", planned_ws64);
+    /* ws-32 on two shapes, both layouts, under sm120 and sm121 (and sm90 on a Hopper GPU) */
+    if (ws_device && planned_ws32 < 8) fail_msg("ws-32 planned %d times, expected 8 or more", planned_ws32);
     if (!ws_device)
-        printf("  rows-128 / ws-64 not run: this GPU does not load their sm_90a / sm_120a / sm_121a image\n");
+        printf("  rows-128 / ws-64 / ws-32 not run: this GPU does not load their sm_90a / sm_120a / sm_121a image\n");
+}
+
+/* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu) without cuBLAS, so that make
+ * sanitize's racecheck and synccheck (tests *selfref*) cover their mbarrier pipeline and stream-K handshake: each call
+ * against the same call under the sm86 profile (which never plans them, and fits every GPU: its tiles are checked
+ * against cuBLAS above), under the sm120 profile and the GPU's own. Outputs poisoned, every element written, two runs
+ * bit-identical (the stream-K parts are added in block order); whole tiles, stream-K within a tile and across tiles,
+ * partial row and channel tiles, both layouts. */
+static void test_selfref_ws_tiles(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (!ws_device) {
+        printf("  skipped: this GPU does not load the warp-specialised tiles' sm_90a / sm_120a / sm_121a image\n");
+        skip();
+    }
+    const struct {
+        const char *kernel; /* what the sm120 profile plans on an H100's 132 SMs (other SM counts may differ) */
+        int M, N, K;
+    } shapes[] = {
+        {"ws-32", 24, 256 * (sm_count / 4) + 128, 2048},    /* stream-K, a partial row and channel tile */
+        {"ws-32", 32, 256 * sm_count, 8320},                /* whole tiles (K past the rows-32 plans') */
+        {"ws-64", 48, 4096, 4096},                          /* stream-K within a tile */
+        {"rows-128", 128, 256 * sm_count, 256},             /* whole tiles */
+        {"rows-128", 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
+    };
+    const char *profiles[] = {"sm120", NULL};
+    int ran[3] = {0}; /* ws-32, ws-64, rows-128 */
+    for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
+        const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
+        const size_t nA = (size_t)M * K, nC = (size_t)M * N;
+        for (int d = 0; d < (quick ? 1 : 2); d++) {
+            gpu_layer L;
+            gpu_layer_make(&L, K, N, 128, dtypes[d], 0, 1, &seed);
+            uint16_t *hA = malloc(nA * 2), *href = malloc(nC * 2), *h1 = malloc(nC * 2), *h2 = malloc(nC * 2);
+            fill_random_half(hA, nA, -1.f, 1.f, dtypes[d], &seed);
+            void *A = gpu_upload(hA, nA * 2), *C = gpu_alloc(nC * 2);
+            for (int path = 0; path < 2; path++)
+                for (int pr = 0; pr < 2; pr++) {
+                    const w4a16_dtype dt = dtypes[d];
+                    uint16_t *outs[3] = {href, h1, h2};
+                    w4a16_gemm_plan_info pi;
+                    for (int run = 0; run < 3; run++) { /* the sm86 reference, then twice the profile's plan */
+                        W4_CHECK(w4a16_force_profile(run == 0 ? "sm86" : profiles[pr]));
+                        if (run == 1) {
+                            W4_CHECK(w4a16_gemm_plan(path == PATH_MARLIN, M, N, K, 128, dt, workspace_bytes, &pi));
+                            if (strncmp(pi.kernel, "ws-", 3) != 0 && strcmp(pi.kernel, "rows-128") != 0) break;
+                        }
+                        GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
+                        if (path == PATH_AWQ)
+                            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, M, N, K, 128, dt,
+                                                    workspace, workspace_bytes, NULL));
+                        else
+                            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, N, K, 128, dt,
+                                                       workspace, workspace_bytes, NULL));
+                        GPU_CHECK(cudaMemcpy(outs[run], C, nC * 2, cudaMemcpyDeviceToHost));
+                        if (run == 2) {
+                            double num = 0, den = 0;
+                            for (size_t i = 0; i < nC; i++) {
+                                const double a = w4a16_ref_to_float(h1[i], dt), b = w4a16_ref_to_float(href[i], dt);
+                                if (isnan(a)) fail_msg("%s M=%d N=%d: output %zu not written", pi.kernel, M, N, i);
+                                num += (a - b) * (a - b);
+                                den += b * b;
+                            }
+                            printf("  %-8s %s %s M=%d N=%d K=%d (profile %s): relative difference %.2e to sm86's "
+                                   "plan\n",
+                                   pi.kernel, path_name[path], dt ? "bf16" : "fp16", M, N, K,
+                                   profiles[pr] ? profiles[pr] : "own", sqrt(num / den));
+                            if (!(sqrt(num / den) < tolerance(dt))) fail_msg("%s: too far from sm86's plan", pi.kernel);
+                            if (memcmp(h1, h2, nC * 2) != 0) fail_msg("%s: two runs differ", pi.kernel);
+                            ran[strcmp(pi.kernel, "ws-32") == 0 ? 0 : strcmp(pi.kernel, "ws-64") == 0 ? 1 : 2]++;
+                        }
+                    }
+                }
+            W4_CHECK(w4a16_force_profile(NULL));
+            cudaFree(A);
+            cudaFree(C);
+            free(hA);
+            free(href);
+            free(h1);
+            free(h2);
+            gpu_layer_free(&L);
+        }
+    }
+    printf("  warp-specialised calls checked: ws-32 %d, ws-64 %d, rows-128 %d\n", ran[0], ran[1], ran[2]);
+    for (int i = 0; i < 3; i++)
+        if (ran[i] == 0) fail_msg("a warp-specialised tile never ran (ws-32, ws-64, rows-128: %d)", i);
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
@@ -1233,6 +1326,7 @@ int main(void) {
         cmocka_unit_test(test_act_order_shard),
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_rows_tiles),
+        cmocka_unit_test(test_selfref_ws_tiles),
         cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),

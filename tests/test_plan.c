@@ -64,8 +64,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
     static const char *const kinds[] = {"decode8", "decode16", "mma",     "wgmma", "staged",
-                                        "rows64",  "rows32",   "rows128", "ws64"};
-    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_WS64 + 1, "a name for every kernel kind");
+                                        "rows64",  "rows32",   "rows128", "ws64",  "ws32"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_WS32 + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -207,15 +207,15 @@ static void test_forced_profile_emulates_its_sm(void **state) {
     assert_int_equal(h100.smem_per_sm, 233472);
 }
 
-/* The GPUs the library targets, as the plan sees them. */
+/* The GPUs the library targets, as the plan sees them (ws: the warp-specialised tiles' image loads there). */
 static const struct {
     const char *name, *profile;
-    int sms, smem_block, wgmma;
+    int sms, smem_block, wgmma, ws;
     const char *forced;
 } targets[] = {
-    {"H100", "sm90", 132, 232448, 1, NULL},          {"RTX 5090", "sm120", 170, 101376, 0, NULL},
-    {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL}, {"GB10", "sm121", 48, 101376, 0, NULL},
-    {"A100", "sm80", 108, 166912, 0, NULL},          {"H100 as sm120", "sm90", 132, 232448, 1, "sm120"},
+    {"H100", "sm90", 132, 232448, 1, 1, NULL},          {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL},
+    {"RTX PRO 6000", "sm120", 188, 101376, 0, 1, NULL}, {"GB10", "sm121", 48, 101376, 0, 1, NULL},
+    {"A100", "sm80", 108, 166912, 0, 0, NULL},          {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120"},
 };
 
 /* The mma.sync tile kernel's stream-K (csrc/plan.c, kernels/gemm.cuh): the blocks cover every tile and k-tile once;
@@ -257,12 +257,52 @@ static void check_stream_k(const w4a16_device_state *st, const w4a16_plan *pl, i
     }
 }
 
+/* A warp-specialised tile's plan (csrc/plan.c): only on a device with its image, in its profile's M regime, one
+ * 384-thread block per SM within the shared memory its formula gives; whole tiles where they fill most of a wave and
+ * of all the waves they take, else stream-K over one block per SM, each block enough k-tiles, the workspace holding
+ * two partial tiles per block and a counter per tile. */
+static int ws_plans_checked[3]; /* by warp rows 32, 64, 128 */
+static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K, int ws) {
+    const w4a16_profile *p = st->profile;
+    const int tile = w4a16_kernel_moe_tile(pl->kind), rows = w4a16_moe_tile_rows(tile);
+    assert_true(st->ws && p->rows128_min_m > 0 && K % 64 == 0);
+    assert_false(st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m);
+    if (rows == 32) assert_true(p->ws32_min_kt > 0 && M > p->small_max_m && M <= p->mid32_max_m);
+    if (rows == 64) assert_true(p->ws64_sk_min_kt > 0 && M > p->mid32_max_m);
+    if (rows == 128) assert_true(M >= p->rows128_min_m);
+    ws_plans_checked[rows == 32 ? 0 : rows == 64 ? 1 : 2]++;
+    assert_int_equal(pl->cfg, rows);
+    assert_int_equal(pl->threads, W4A16_MOE_WS_THREADS);
+    assert_int_equal(pl->blocks_per_sm, 1);
+    assert_int_equal(pl->splits, 1);
+    assert_int_equal(pl->stages, w4a16_moe_stages(st, tile, layout));
+    assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(tile, layout, pl->stages));
+    assert_true((size_t)pl->smem_bytes <= st->smem_optin);
+    const long long t = (long long)pl->grid[0] * pl->grid[1], slots = st->sm_count;
+    if (pl->sk_blocks == 0) {
+        assert_true(t * 100 >= slots * p->rows64_min_fill);
+        assert_true(t * 100 >= (t + slots - 1) / slots * slots * p->rows128_min_wave_fill);
+        return;
+    }
+    const int min_kt = rows == 128 ? p->rows64_sk_min_kt : rows == 64 ? p->ws64_sk_min_kt : p->ws32_min_kt;
+    assert_true(ws > 0 && min_kt > 0);
+    assert_int_equal(pl->sk_tiles, t);
+    assert_in_range(pl->sk_blocks, st->sm_count, slots);
+    assert_true(t * (K / 64) >= (long long)pl->sk_blocks * min_kt);
+    assert_true(w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)pl->sk_blocks * rows * 256 * sizeof(float) <=
+                ws_bytes(ws, st->sm_count, N, K));
+    assert_true(t <= (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)));
+}
+
+/* Every plan of the grid (each target, both with and without the warp-specialised tiles' image where it has them). */
 static void test_plan_invariants(void **state) {
     (void)state;
     int checked = 0;
-    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+    for (size_t tw = 0; tw < 2 * sizeof targets / sizeof targets[0]; tw++) {
+        const size_t t = tw / 2;
+        if (tw % 2 && !targets[t].ws) continue;
         plan_device d = {targets[t].name,       targets[t].profile, targets[t].sms,
-                         targets[t].smem_block, targets[t].wgmma,   0};
+                         targets[t].smem_block, targets[t].wgmma,   (int)(tw % 2)};
         w4a16_device_state st = device_state(&d);
         if (targets[t].forced) w4a16_use_profile(&st, w4a16_find_profile(targets[t].forced), 1);
         const size_t partial_bytes =
@@ -286,10 +326,13 @@ static void test_plan_invariants(void **state) {
                                 continue;
                             }
                             int bm, bn, bk, minb;
-                            if (W4A16_KERNEL_ROWS(pl.kind)) {
+                            if (W4A16_KERNEL_ROWS(pl.kind) && w4a16_moe_tile_ws(w4a16_kernel_moe_tile(pl.kind))) {
+                                check_ws_plan(&st, &pl, layout, M, N, K, ws);
+                                bm = W4A16_KERNEL_ROWS(pl.kind), bn = 256, bk = 64, minb = 1;
+                            } else if (W4A16_KERNEL_ROWS(pl.kind)) {
                                 /* the MoE kernel's tiles: never where a wgmma tile runs, K whole */
                                 const int rows = W4A16_KERNEL_ROWS(pl.kind), r64 = rows == 64;
-                                const int tile = r64 ? W4A16_MOE_TILE_64 : W4A16_MOE_TILE_32;
+                                const int tile = w4a16_kernel_moe_tile(pl.kind);
                                 assert_false(st.wgmma && st.profile->wgmma_min_m > 0 && M >= st.profile->wgmma_min_m);
                                 assert_true(K % 64 == 0 && M > st.profile->small_max_m);
                                 bm = rows, bn = w4a16_moe_tile_bn(tile), bk = 64, minb = r64 ? 2 : 3;
@@ -374,7 +417,9 @@ static void test_plan_invariants(void **state) {
                             checked++;
                         }
     }
-    print_message("  %d plans checked\n", checked);
+    print_message("  %d plans checked; warp-specialised tiles of 32 / 64 / 128 rows: %d / %d / %d\n", checked,
+                  ws_plans_checked[0], ws_plans_checked[1], ws_plans_checked[2]);
+    for (int i = 0; i < 3; i++) assert_true(ws_plans_checked[i] > 0);
 }
 
 /* By hand (configs.h, profiles.c): llama3-8b.qkv (K = 4096, N = 6144) at M = 1 (and 16), AWQ fp16, small workspace.
@@ -727,10 +772,21 @@ static void test_hand_checked_rows(void **state) {
  * The 128 x 256 one (W4A16_KERNEL_ROWS128: 3 stages of 128 x 64 x 2 + 4 x 2 x 256 x 4 + 2 x 256 x 2 + 2 x 32 x 4 =
  * 25856 bytes, 77568 bytes, one 384-thread block per SM) in the rows-64 plans from M = 65, whole tiles where they fill
  * 90% of the waves they take, else stream-K over one block per SM; below M = 65 the 64-row one (W4A16_KERNEL_WS64: 4
- * stages of 17664 bytes) where rows-64 would not run whole tiles, its stream-K blocks at least 4 k-tiles. */
+ * stages of 17664 bytes) where rows-64 would not run whole tiles, its stream-K blocks at least 4 k-tiles. At M 17-32,
+ * where no rows-32 plan runs, the 32-row one (W4A16_KERNEL_WS32: 4 stages of 32 x 64 x 2 + 8192 + 1024 + 256 = 13568
+ * bytes; AWQ 14592), whole tiles or stream-K blocks of at least 8 k-tiles. */
 static void test_hand_checked_rows128(void **state) {
     (void)state;
-    enum { R128 = W4A16_KERNEL_ROWS128, R64 = W4A16_KERNEL_ROWS64, WS64 = W4A16_KERNEL_WS64, MMA = W4A16_KERNEL_MMA };
+    enum {
+        R128 = W4A16_KERNEL_ROWS128,
+        R64 = W4A16_KERNEL_ROWS64,
+        WS64 = W4A16_KERNEL_WS64,
+        WS32 = W4A16_KERNEL_WS32,
+        R32 = W4A16_KERNEL_ROWS32,
+        MMA = W4A16_KERNEL_MMA,
+        DEC8 = W4A16_KERNEL_DECODE8,
+        DEC16 = W4A16_KERNEL_DECODE16
+    };
     const struct {
         const char *name, *profile;
         int sms, smem_block, wgmma, ws;
@@ -761,6 +817,22 @@ static void test_hand_checked_rows128(void **state) {
         {"H100 as sm80", "sm90", 132, 232448, 1, 1, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R64, 64, 112, 0},
         /* without the image the M = 48 layer above has no 64-row plan (the mma.sync tile kernel) */
         {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
+        /* M = 32, AWQ, K past rows32_max_k: 32 tiles x 462 k-tiles, stream-K over 170 blocks */
+        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_AWQ, 32, 8192, 29568, WS32, 1, 32, 170},
+        /* M = 24: 48 tiles on 48 SMs, whole */
+        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 12288, 14336, WS32, 1, 48, 0},
+        /* the native Hopper profile too, below its wgmma tiles (M = 24: 24 tiles x 64 k-tiles, 11-12 a block) */
+        {"H100", "sm90", 132, 232448, 1, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, WS32, 1, 24, 132},
+        /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, DEC16, -1, -1, -1},
+        /* a wide layer keeps its rows-32 plan */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, R32, -1, -1, -1},
+        /* M = 16 stays on the decode kernel, and M 17-32 without the image */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 28672, 4096, DEC16, -1, -1, -1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 24, 6144, 4096, MMA, -1, -1, -1},
+        /* M = 8 stays on the decode kernel; without the image M = 16 too */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, -1, -1, -1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 16, 4096, 4096, DEC16, -1, -1, -1},
     };
     /* without a workspace, where the warp-specialised tiles would need stream-K (200 128-row tiles under 90% of two
      * waves, 400 64-row ones under 90% of four), rows-64's 400 whole tiles (76% of two waves of 264 slots) */
@@ -786,14 +858,17 @@ static void test_hand_checked_rows128(void **state) {
         w4a16_plan_text(&pl, text, sizeof text);
         print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
         assert_int_equal(pl.kind, c[i].kind);
-        if (c[i].kind == MMA) continue;
+        if (c[i].kind == MMA || c[i].kind == DEC8 || c[i].kind == DEC16 || c[i].kind == R32) continue;
         assert_int_equal(pl.grid[0], c[i].grid0);
         assert_int_equal(pl.grid[1], c[i].grid1);
         assert_int_equal(pl.sk_blocks, c[i].sk);
         if (c[i].kind != R64) { /* AWQ: weight rows of 32 words padded to 36 */
             const int awq = c[i].layout == W4A16_LAYOUT_AWQ;
-            assert_int_equal(pl.stages, c[i].kind == R128 ? 3 : 4);
-            assert_int_equal(pl.smem_bytes, c[i].kind == R128 ? (awq ? 80640 : 77568) : (awq ? 74752 : 70656));
+            const int k = c[i].kind;
+            assert_int_equal(pl.stages, k == R128 ? 3 : 4);
+            assert_int_equal(pl.smem_bytes, k == R128   ? (awq ? 80640 : 77568)
+                                            : k == WS64 ? (awq ? 74752 : 70656)
+                                                        : (awq ? 58368 : 54272));
             assert_int_equal(pl.threads, 384);
             assert_int_equal(pl.blocks_per_sm, 1);
             assert_int_equal(pl.splits, 1);
