@@ -310,15 +310,12 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
     };
 
     float acc[MT][8][4];
-    auto zero_acc = [&] { // also where a stream-K block starts adding a tile's parts
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-    };
-    zero_acc();
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
         if (s < nk) issue_a(s * RK, smem + s * STAGE);
@@ -502,33 +499,12 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
                 // a partial tile of stream-K: its fp32 sums to this block's workspace slot as they lie in the
                 // registers; the block that completes the tile's k-tiles adds every part in block order into its
                 // accumulators and stores as an unsplit block does
-                constexpr int TILE_F4 = WARPS * MT * 8 * 32;
-                float4 *const base = static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane;
                 const long long U = (long long)p.grid_blocks * ((N + BN - 1) / BN) * nkt, B = gridDim.x;
-                float4 *const mine = base + ((size_t)blockIdx.x * 2 + sk_slot_of_block) * TILE_F4;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        __stcg(mine + (mt * 8 + j) * 32,
-                               make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
-                if (!last_to_arrive(p.counters + sk_tile, nk, nkt, s_src[0])) return;
-                const int c0 = sk_block_of((long long)sk_tile * nkt, U, B);
-                const int c1 = sk_block_of((long long)sk_tile * nkt + nkt - 1, U, B);
-                zero_acc();
-                for (int c = c0; c <= c1; c++) {
-                    const float4 *src = base + ((size_t)c * 2 + sk_slot(c, sk_tile, nkt, U, B)) * TILE_F4;
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            const float4 v = __ldcg(src + (mt * 8 + j) * 32);
-                            acc[mt][j][0] += v.x;
-                            acc[mt][j][1] += v.y;
-                            acc[mt][j][2] += v.z;
-                            acc[mt][j][3] += v.w;
-                        }
-                }
+                if (!sk_partial<MT, 8, WARPS * MT * 8 * 32>(
+                        acc, static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane, sk_slot_of_block, sk_tile,
+                        nk, nkt, U, B,
+                        [&](int add, int total) { return last_to_arrive(p.counters + sk_tile, add, total, s_src[0]); }))
+                    return;
             }
         }
         // the block's outputs ((acc + bias) * topk weight, in T) staged in shared memory, then copied out as whole

@@ -1,5 +1,5 @@
-// Stream-K's division of (tile, k-tile) units among blocks, shared by the MoE kernel's dense rows-64 tile
-// (kernels/moe.cu) and the warp-specialised rows-128 tile (kernels/tile_ws.cu).
+// Stream-K's division of (tile, k-tile) units among blocks and its partial-tile epilogue, shared by the MoE kernel's
+// dense rows-64 tile (kernels/moe.cu) and the warp-specialised tiles (kernels/tile_ws.cu).
 #pragma once
 
 namespace w4a16 {
@@ -14,6 +14,43 @@ __device__ __forceinline__ int sk_block_of(long long x, long long U, long long B
 }
 __device__ __forceinline__ int sk_slot(int b, int t, int nkt, long long U, long long B) {
     return (long long)b * U / B / nkt == t ? 0 : 1;
+}
+
+// A block's partial tile of stream-K (nk of tile t's nkt k-tiles): its fp32 sums go to its workspace slot as they lie
+// in the registers (acc: MT m16 tiles x NB n8 blocks per warp; `part` points at this warp's and lane's first float4 of
+// slot 0 of block 0, a block's slot holding TILE_F4 float4); `arrive(add, total)` adds the block's k-tiles to the
+// tile's counter and tells whether they completed it (a block-wide sync on each side, the sums made visible first). The
+// block that completes the tile adds every block's part in block order into acc (deterministic) and returns true; the
+// others return false.
+template <int MT, int NB, int TILE_F4, typename Arrive>
+__device__ __forceinline__ bool sk_partial(float (&acc)[MT][NB][4], float4 *part, int slot, int t, int nk, int nkt,
+                                           long long U, long long B, Arrive &&arrive) {
+    float4 *const mine = part + ((size_t)blockIdx.x * 2 + slot) * TILE_F4;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            __stcg(mine + (mt * NB + j) * 32, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+    if (!arrive(nk, nkt)) return false;
+    const int c0 = sk_block_of((long long)t * nkt, U, B), c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    for (int c = c0; c <= c1; c++) {
+        const float4 *src = part + ((size_t)c * 2 + sk_slot(c, t, nkt, U, B)) * TILE_F4;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float4 v = __ldcg(src + (mt * NB + j) * 32);
+                acc[mt][j][0] += v.x;
+                acc[mt][j][1] += v.y;
+                acc[mt][j][2] += v.z;
+                acc[mt][j][3] += v.w;
+            }
+    }
+    return true;
 }
 
 } // namespace moe

@@ -201,15 +201,12 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             const int q = lane & 3, r = lane >> 2, gq = warp >> 1, h = warp & 1;
             const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
             float acc[MT][4][4];
-            auto zero_acc = [&] { // also where the last block of a stream-K tile starts adding its parts
 #pragma unroll
-                for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                        for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-            };
-            zero_acc();
+                    for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
             GroupConst<T> gc[4];
             int cur_group = -1;
             for (int s = 0; s < nk; s++, it++) {
@@ -312,43 +309,25 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
 
             // ---- epilogue (math warps only: named barrier 2)
             if (nk < nkt) {
-                // a partial tile: its fp32 sums to this block's workspace slot as they lie in the registers; the
-                // block that completes the tile adds every part in block order and stores it
-                constexpr int TILE_F4 = MATH_WARPS * MT * 4 * 32;
-                float4 *const base = static_cast<float4 *>(p.partials) + warp * MT * 4 * 32 + lane;
-                float4 *const mine = base + ((size_t)blockIdx.x * 2 + (seg == 0 ? 0 : 1)) * TILE_F4;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        __stcg(mine + (mt * 4 + j) * 32,
-                               make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
-                __threadfence(); // the sums are visible device-wide before the counter says so
-                bar_sync(2, MATH_WARPS * 32);
-                if (tid == 0) {
-                    const int prev = atomicAdd(p.counters + t, nk);
-                    s_flag = prev + nk == nkt;
-                    if (s_flag) p.counters[t] = 0;
-                }
-                bar_sync(2, MATH_WARPS * 32);
-                if (!s_flag) return;
-                __threadfence();
-                const int c0 = sk_block_of((long long)t * nkt, U, B),
-                          c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
-                zero_acc();
-                for (int c = c0; c <= c1; c++) {
-                    const float4 *src = base + ((size_t)c * 2 + sk_slot(c, t, nkt, U, B)) * TILE_F4;
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            const float4 v = __ldcg(src + (mt * 4 + j) * 32);
-                            acc[mt][j][0] += v.x;
-                            acc[mt][j][1] += v.y;
-                            acc[mt][j][2] += v.z;
-                            acc[mt][j][3] += v.w;
-                        }
-                }
+                // a partial tile: its fp32 sums to this block's workspace slot (0 for the segment its range starts
+                // in, 1 for the one it ends in); the block that completes the tile adds every part in block order
+                auto arrive = [&](int add, int total) {
+                    __threadfence(); // the sums are visible device-wide before the counter says so
+                    bar_sync(2, MATH_WARPS * 32);
+                    if (tid == 0) {
+                        const int prev = atomicAdd(p.counters + t, add);
+                        s_flag = prev + add == total;
+                        if (s_flag) p.counters[t] = 0;
+                    }
+                    bar_sync(2, MATH_WARPS * 32);
+                    if (!s_flag) return false;
+                    __threadfence();
+                    return true;
+                };
+                if (!sk_partial<MT, 4, MATH_WARPS * MT * 4 * 32>(
+                        acc, static_cast<float4 *>(p.partials) + warp * MT * 4 * 32 + lane, seg == 0 ? 0 : 1, t, nk,
+                        nkt, U, B, arrive))
+                    return;
             }
             // (acc + bias) in T staged in shared memory (every math warp is past its last stage: the barrier), then
             // copied out as 16-byte chunks of each row
