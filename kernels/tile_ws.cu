@@ -139,7 +139,17 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             u += nk;
         }
     };
-    uint32_t it = 0; // stages filled (producer) or consumed (math) by this block so far: ring slot and phase
+    // The ring position of the stages this role filled (producer) or consumed (math) so far: slot, and the parity of
+    // the barrier phase it waits for; advanced by one per stage, without dividing by the runtime depth (an integer
+    // division per stage cost ~15 instructions of a math warp's ~250 at 32 rows).
+    int slot = 0;
+    uint32_t phase = 0;
+    auto advance = [&] {
+        if (++slot == stages) {
+            slot = 0;
+            phase ^= 1;
+        }
+    };
     if (warp >= MATH_WARPS) {
         setmaxnreg_dec<PRODUCER_REGS>();
         for_segments(true, [&](int seg, int t, int k0, int nk, int m0, int n0) {
@@ -165,9 +175,9 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
                                         : Bw + (size_t)k0 * (BK / 16) * (2 * N) + 2 * n0 + pt * 4;
             const uint32_t b_dst = AWQ ? A_BYTES + (arow * SB + ach * 4) * 4 : A_BYTES + pt * 16;
             const size_t b_row = AWQ ? (size_t)16 * (N / 8) : (size_t)2 * N; // chunk i's offset: i rows of this
-            for (int s = 0; s < nk; s++, it++) {
-                const int slot = it % stages, kt = k0 + s;
-                mbar_wait(&empty[slot], ((it / stages) & 1) ^ 1); // a fresh barrier passes parity 1 at once
+            for (int s = 0; s < nk; s++, advance()) {
+                const int kt = k0 + s;
+                mbar_wait(&empty[slot], phase ^ 1); // a fresh barrier passes parity 1 at once
                 unsigned char *st = smem + slot * STAGE;
 #pragma unroll
                 for (int i = 0; i < TL::A_PER; i++)
@@ -196,6 +206,11 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
         });
     } else {
         setmaxnreg_inc<MATH_REGS>();
+        // the lane's ldmatrix row of each m16 tile at k16 step kk: row lane % 16, 16-byte chunk 2 kk + lane / 16, XOR-
+        // swizzled by the row (row % 8 = lane % 8 in every m16 tile): computed once, not per step
+        int a_off[BK / 16];
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) a_off[kk] = (lane & 15) * BK + (((kk * 2 + (lane >> 4)) ^ (lane & 7)) * 8);
         for_segments(false, [&](int seg, int t, int k0, int nk, int m0, int n0) {
             // ---- math warp `warp`: channels 32 warp .. + 32 of the tile, i.e. half h of 64-channel group gq
             const int q = lane & 3, r = lane >> 2, gq = warp >> 1, h = warp & 1;
@@ -209,9 +224,9 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
                     for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
             GroupConst<T> gc[4];
             int cur_group = -1;
-            for (int s = 0; s < nk; s++, it++) {
-                const int slot = it % stages, kt = k0 + s;
-                mbar_wait(&full[slot], (it / stages) & 1);
+            for (int s = 0; s < nk; s++, advance()) {
+                const int kt = k0 + s;
+                mbar_wait(&full[slot], phase);
                 const unsigned char *st = smem + slot * STAGE;
                 const int gs = (kt * BK) >> gshift;
                 // the packed weights of the warp's four n8 blocks at k16 step kk: Marlin the lane's 8 bytes of them;
@@ -289,12 +304,8 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
                         b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
                         b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
                     }
-                    const T *sA = reinterpret_cast<const T *>(st);
-                    const int ch = kk * 2 + (lane >> 4);
-                    auto load_a = [&](int mt, uint32_t(&fa)[4]) {
-                        const int row = mt * 16 + (lane & 15);
-                        ldmatrix_x4(fa, sA + row * BK + ((ch ^ (row & 7)) * 8));
-                    };
+                    const T *sA = reinterpret_cast<const T *>(st) + a_off[kk];
+                    auto load_a = [&](int mt, uint32_t(&fa)[4]) { ldmatrix_x4(fa, sA + mt * 16 * BK); };
                     uint32_t fa[2][4];
                     load_a(0, fa[0]);
 #pragma unroll
