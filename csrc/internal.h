@@ -66,8 +66,9 @@ typedef struct w4a16_profile {
                            has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */
     int ws32_min_kt;    /* > 0: on such a device, M 17-32 (above small_max_m, up to mid32_max_m) where the 32-row plan
                            (rows32_max_k) does not run: the warp-specialised 32 x 256 tile (W4A16_KERNEL_WS32), in whole
-                           tiles where they fill rows128_min_wave_fill percent of their waves, else stream-K over one
-                           block per SM where each gets at least this many k-tiles (else the mma.sync / decode tiles) */
+                           tiles where they fill rows64_min_fill percent of one wave and rows128_min_wave_fill percent
+                           of their waves, else stream-K over one block per SM where each gets at least this many
+                           k-tiles (else the mma.sync / decode tiles) */
     int rows32_max_k;   /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                            mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                            at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */

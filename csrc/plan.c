@@ -121,7 +121,8 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
 }
 
 /* Whether M is in the mid32 regime (M 17-32 where the profile has one) on a layer so narrow that the mid32 tile makes
- * at most mid32_min_tiles_per_8sm tiles per 8 SMs: the 16-row decode tiles then run M 17-32 (two row tiles, four
+ * at most mid32_min_tiles_per_8sm tiles per 8 SMs: the 16-row decode tiles then run M 17-32 (where the warp-specialised
+ * 32-row tile has no plan: plan_ws32) (two row tiles, four
  * times the tiles of 32 x 256, K split across blocks). Under sm120 on the H100 they took 0.83-0.90x the 32 x 256
  * tile's time on llama3-8b.o (16 tiles on 132 SMs) and about 1.0x on .down (also 16, K = 14336), but 1.04-1.9x on
  * every layer with 24 tiles or more (docs/PERFORMANCE.md v28). */
@@ -133,8 +134,8 @@ static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
     return tiles * 8 <= (long long)p->mid32_min_tiles_per_8sm * st->sm_count;
 }
 
-/* The plan of MoE tile `tile` (W4A16_MOE_TILE_64 or _32) over M x N, its register budget allowing minb blocks per SM;
- * returns its blocks per SM, 0 when its shared memory does not fit a block. */
+/* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32 or a warp-specialised one) over M x N, its register budget
+ * allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not fit a block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
@@ -188,9 +189,9 @@ static int plan_ws64(const w4a16_device_state *st, int layout, int M, int N, int
 }
 
 /* M 17-32 where no 32-row plan runs, on a device with the warp-specialised tiles' image: their 32-row form, whole
- * tiles where they fill rows128_min_wave_fill percent of their waves, else stream-K over one block per SM if each gets
- * ws32_min_kt k-tiles. 0 where the profile has none or it has no plan (then the mma.sync 32 x 256 tile, or the decode
- * tiles on narrow layers). */
+ * tiles where they fill rows64_min_fill percent of one wave and rows128_min_wave_fill percent of the waves they take,
+ * else stream-K over one block per SM if each gets ws32_min_kt k-tiles. 0 where the profile has none or it has no plan
+ * (then the mma.sync 32 x 256 tile, or the decode tiles on narrow layers). */
 static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                      w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;

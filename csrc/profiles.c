@@ -14,7 +14,8 @@ static const w4a16_gemm_config configs[W4A16_NUM_GEMM_CONFIGS] = {
 const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM_GEMM_CONFIGS ? &configs[id] : NULL; }
 
 /* Every profile's M regimes and tile thresholds: decode tiles up to M = small_max (16), then the 32 x 256 tile up to
- * M = 32 (rows-32 on wide layers, the decode tiles on narrow ones), the deep decode tile when its tiles make fewer than
+ * M = 32 (rows-32 on wide layers, the decode tiles on narrow ones; where the warp-specialised tiles run, their 32-row
+ * form in place of both but rows-32, W4A16_ROWS128), the deep decode tile when its tiles make fewer than
  * 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no wgmma tile runs,
  * the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the waves they take,
  * else, with a workspace, with stream-K over its slots, each block at least 16 k-tiles, unless a 32-row plan splits K 3
@@ -56,7 +57,9 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32). Below M = 65 its 64-row form where rows-64
  * would share k-tiles (stream-K) or could not (blocks of fewer than 16 k-tiles), its stream-K blocks at least 4
  * k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of 16 tiles (llama3-8b.o: 0.95-1.03x; v33),
- * and from M = 65 where the 128-row tile has no plan (narrow layers that ran rows-32: 0.75-0.97x at M 128-256, v35). */
+ * and from M = 65 where the 128-row tile has no plan (narrow layers that ran rows-32: 0.75-0.97x at M 128-256, v35).
+ * At M 17-32, where no rows-32 plan runs, its 32-row form, whole or with stream-K blocks of at least 8 k-tiles: 1.28 ->
+ * 1.21x vLLM Marlin's time under sm120 and natively (v36). */
 #define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4, .ws32_min_kt = 8
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
@@ -85,11 +88,11 @@ static const w4a16_profile sm89 = {
     W4A16_MMA_REGIMES(16),
     W4A16_TILES_100KB,
 };
-/* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; M 17-32 on the mma.sync tiles of the
- * other profiles (the 32 x 256 tile, rows-32 on wide layers, decode tiles on narrow ones: 0.72-1.06x the 64-token
- * wgmma tile's time there, docs/PERFORMANCE.md v30); from M = 33 the sm_90a wgmma kernel (up to 256 tokens the
- * 64-token tile where the 256-token one's blocks would get at most 24 k-tiles: v31), from M = 1024 the staged path
- * when the workspace holds a slab. */
+/* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; M 17-32 on the tiles of the other
+ * profiles (rows-32 on wide layers, the warp-specialised 32-row tile, else the 32 x 256 tile or decode tiles on narrow
+ * layers: 0.72-1.06x the 64-token wgmma tile's time there before ws-32, docs/PERFORMANCE.md v30, v36); from M = 33 the
+ * sm_90a wgmma kernel (up to 256 tokens the 64-token tile where the 256-token one's blocks would get at most 24
+ * k-tiles: v31), from M = 1024 the staged path when the workspace holds a slab. */
 static const w4a16_profile sm90 = {
     .name = "sm90",
     .arch = 90,

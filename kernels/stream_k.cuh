@@ -19,7 +19,8 @@ __device__ __forceinline__ int sk_slot(int b, int t, int nkt, long long U, long 
 // A block's partial tile of stream-K (nk of tile t's nkt k-tiles): its fp32 sums go to its workspace slot as they lie
 // in the registers (acc: MT m16 tiles x NB n8 blocks per warp; `part` points at this warp's and lane's first float4 of
 // slot 0 of block 0, a block's slot holding TILE_F4 float4); `arrive(add, total)` adds the block's k-tiles to the
-// tile's counter and tells whether they completed it (a block-wide sync on each side, the sums made visible first). The
+// tile's counter and tells whether they completed it (a barrier of every thread holding sums on each side, the sums
+// made visible first). The
 // block that completes the tile adds every block's part in block order into acc (deterministic) and returns true; the
 // others return false.
 template <int MT, int NB, int TILE_F4, typename Arrive>

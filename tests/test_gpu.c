@@ -546,7 +546,8 @@ static void test_forced_profiles(void **state) {
  * GPUs load the warp-specialised tile's image (sm90, sm120, sm121) plan "rows-128" (128 x 256) for both layouts of
  * the same calls at M = 1000 (whole tiles) and 500 (stream-K), and at M = 300 on a layer whose channels end in half a
  * tile (stream-K), and "ws-64" (its 64-row form, stream-K) at M = 48 and on the narrow layer below at M = 200;
- * "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles, K split) and a wide one at M = 24; M not a
+ * "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles, K split) and a wide one at M = 24; "ws-32" (the
+ * 32-row form) at M = 24 (stream-K) and 32 where K is past the rows-32 plans' (the other profiles: mma.sync); M not a
  * multiple of the tile's rows (a partial row block), both paths, both dtypes, GPTQ's symmetric weights, with and
  * without bias, every group size. */
 static void test_rows_tiles(void **state) {
@@ -638,14 +639,18 @@ static void test_selfref_ws_tiles(void **state) {
         skip();
     }
     const struct {
-        const char *kernel; /* what the sm120 profile plans on an H100's 132 SMs (other SM counts may differ) */
+        const char *kernel; /* what the sm120 profile plans (the shapes scale with the SM count) */
+        int sk;             /* 1: stream-K, 0: whole tiles */
         int M, N, K;
     } shapes[] = {
-        {"ws-32", 24, 256 * (sm_count / 4) + 128, 2048},    /* stream-K, a partial row and channel tile */
-        {"ws-32", 32, 256 * sm_count, 8320},                /* whole tiles (K past the rows-32 plans') */
-        {"ws-64", 48, 4096, 4096},                          /* stream-K within a tile */
-        {"rows-128", 128, 256 * sm_count, 256},             /* whole tiles */
-        {"rows-128", 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
+        /* stream-K, a partial row and channel tile (K past rows-32's, so that the AWQ layout runs it too) */
+        {"ws-32", 1, 24, 256 * (sm_count / 4) + 128, 8320},
+        {"ws-32", 0, 32, 256 * sm_count, 8320}, /* whole tiles */
+        {"ws-64", 1, 48, 4096, 4096},           /* stream-K within a tile */
+        {"rows-128", 0, 128, 256 * sm_count, 256},
+        {"rows-128", 1, 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
+        /* 2.5 tiles per block: a partial, a whole and a partial segment in most blocks (seg_done's second phase) */
+        {"rows-128", 1, 200, 256 * (sm_count * 5 / 4), 512},
     };
     const char *profiles[] = {"sm120", NULL};
     int ran[3] = {0}; /* ws-32, ws-64, rows-128 */
@@ -667,7 +672,16 @@ static void test_selfref_ws_tiles(void **state) {
                         W4_CHECK(w4a16_force_profile(run == 0 ? "sm86" : profiles[pr]));
                         if (run == 1) {
                             W4_CHECK(w4a16_gemm_plan(path == PATH_MARLIN, M, N, K, 128, dt, workspace_bytes, &pi));
-                            if (strncmp(pi.kernel, "ws-", 3) != 0 && strcmp(pi.kernel, "rows-128") != 0) break;
+                            /* the sm120 profile plans the shape's tile and split in the Marlin layout, and in the
+                             * AWQ layout wherever it plans a warp-specialised tile (it keeps rows-32 at M = 48 where
+                             * those tiles fit a wave); the GPU's own profile may plan another */
+                            const int ws_kind = strncmp(pi.kernel, "ws-", 3) == 0 || strcmp(pi.kernel, "rows-128") == 0;
+                            if (pr == 0 && (path == PATH_MARLIN || ws_kind) &&
+                                (strcmp(pi.kernel, shapes[sh].kernel) != 0 ||
+                                 (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk))
+                                fail_msg("sm120 M=%d N=%d K=%d: expected %s%s, planned %s", M, N, K, shapes[sh].kernel,
+                                         shapes[sh].sk ? " with stream-K" : " in whole tiles", pi.text);
+                            if (!ws_kind) break;
                         }
                         GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
                         if (path == PATH_AWQ)
