@@ -121,11 +121,10 @@ static void plan_wgmma(const w4a16_device_state *st, int M, int N, int K, size_t
 }
 
 /* Whether M is in the mid32 regime (M 17-32 where the profile has one) on a layer so narrow that the mid32 tile makes
- * at most mid32_min_tiles_per_8sm tiles per 8 SMs: the 16-row decode tiles then run M 17-32 (where the warp-specialised
- * 32-row tile has no plan: plan_ws32) (two row tiles, four
- * times the tiles of 32 x 256, K split across blocks). Under sm120 on the H100 they took 0.83-0.90x the 32 x 256
- * tile's time on llama3-8b.o (16 tiles on 132 SMs) and about 1.0x on .down (also 16, K = 14336), but 1.04-1.9x on
- * every layer with 24 tiles or more (docs/PERFORMANCE.md v28). */
+ * at most mid32_min_tiles_per_8sm tiles per 8 SMs: the 16-row decode tiles then run M 17-32 where the warp-specialised
+ * 32-row tile has no plan (plan_ws32): two row tiles, four times the tiles of 32 x 256, K split across blocks. Under
+ * sm120 on the H100 they took 0.83-0.90x the 32 x 256 tile's time on llama3-8b.o (16 tiles on 132 SMs) and about 1.0x
+ * on .down (also 16, K = 14336), but 1.04-1.9x on every layer with 24 tiles or more (docs/PERFORMANCE.md v28). */
 static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
     const w4a16_profile *p = st->profile;
     if (M <= p->small_max_m || M > p->mid32_max_m) return 0;
@@ -178,14 +177,18 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
     return 1;
 }
 
-/* The warp-specialised 64-row tile (one block per SM), whole or with stream-K blocks of ws64_sk_min_kt k-tiles; 0 where
- * the profile has none (ws64_sk_min_kt = 0) or it does not fit. */
-static int plan_ws64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
-                     w4a16_plan *pl) {
-    const w4a16_profile *p = st->profile;
+/* A warp-specialised tile (one block per SM) into *pl: whole where its tiles fill rows128_min_wave_fill percent of
+ * their waves, else stream-K blocks of at least min_kt k-tiles (none where min_kt is 0); *pl unchanged where it has no
+ * plan. */
+static int plan_ws(const w4a16_device_state *st, int layout, int tile, int min_kt, int M, int N, int K,
+                   size_t workspace_bytes, w4a16_plan *pl) {
+    w4a16_plan c = *pl;
     int whole;
-    return p->ws64_sk_min_kt > 0 && plan_tile_sk(st, layout, W4A16_MOE_TILE_WS64, 1, p->rows128_min_wave_fill,
-                                                 p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl, &whole);
+    if (!plan_tile_sk(st, layout, tile, 1, st->profile->rows128_min_wave_fill, min_kt, M, N, K, workspace_bytes, &c,
+                      &whole))
+        return 0;
+    *pl = c;
+    return 1;
 }
 
 /* M 17-32 where no 32-row plan runs, on a device with the warp-specialised tiles' image: their 32-row form, whole
@@ -196,13 +199,7 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
                      w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     if (!st->ws || p->ws32_min_kt <= 0 || K % 64 || M <= p->small_max_m || M > p->mid32_max_m) return 0;
-    w4a16_plan c = *pl;
-    int whole;
-    if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_WS32, 1, p->rows128_min_wave_fill, p->ws32_min_kt, M, N, K,
-                      workspace_bytes, &c, &whole))
-        return 0;
-    *pl = c;
-    return 1;
+    return plan_ws(st, layout, W4A16_MOE_TILE_WS32, p->ws32_min_kt, M, N, K, workspace_bytes, pl);
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
@@ -234,30 +231,18 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
      * short K: too few stream-K blocks, or a 32-row plan splitting K 3 ways) its 64-row form with stream-K blocks of
      * ws64_sk_min_kt k-tiles (v35); where neither has a plan (no workspace, and whole tiles under 90% of their waves),
      * rows-64 below */
-    if (ws && M >= p->rows128_min_m) {
-        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_128, 1, p->rows128_min_wave_fill, sk_kt, M, N, K, workspace_bytes,
-                         &c, &whole)) {
-            *pl = c;
-            return 1;
-        }
-        c = *pl;
-        if (plan_ws64(st, layout, M, N, K, workspace_bytes, &c)) {
-            *pl = c;
-            return 1;
-        }
-        c = *pl;
-    }
+    if (ws && M >= p->rows128_min_m &&
+        (plan_ws(st, layout, W4A16_MOE_TILE_128, sk_kt, M, N, K, workspace_bytes, pl) ||
+         (p->ws64_sk_min_kt > 0 &&
+          plan_ws(st, layout, W4A16_MOE_TILE_WS64, p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl))))
+        return 1;
     /* else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM); below rows128_min_m, where it would
      * share k-tiles, the warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
     const int rows64 = plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K,
                                     workspace_bytes, &c, &whole);
-    if (ws && M < p->rows128_min_m && !(rows64 && whole) && sk_kt > 0) {
-        w4a16_plan w = *pl;
-        if (plan_ws64(st, layout, M, N, K, workspace_bytes, &w)) {
-            *pl = w;
-            return 1;
-        }
-    }
+    if (ws && M < p->rows128_min_m && !(rows64 && whole) && sk_kt > 0 && p->ws64_sk_min_kt > 0 &&
+        plan_ws(st, layout, W4A16_MOE_TILE_WS64, p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl))
+        return 1;
     if (!rows64) return 0;
     *pl = c;
     return 1;
