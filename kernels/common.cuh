@@ -76,6 +76,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
                  : "r"(s));
 }
 
+// An MMA tile's fp32 sums (MT m16 tiles x NB n8 blocks, 4 a lane) set to zero.
+template <int MT, int NB> __device__ __forceinline__ void zero_sums(float (&acc)[MT][NB][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+}
+
 // Byte permute: gathers the nibbles of two k rows into one register pair (AWQ fragments).
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     uint32_t r;

@@ -418,12 +418,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
         const int gshift = copy.gshift, g_last = copy.g_last; // group of row k = k >> gshift (31 for one group)
 
         float acc[MT][NB][4];
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int j = 0; j < NB; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+        zero_sums(acc);
 
         auto load_group = [&](const unsigned char *st, int sl) {
             copy.wt.group(st + A_BYTES, sl, wn, wh, lane, p.zeros != nullptr, p.marlin_channelwise);

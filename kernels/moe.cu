@@ -310,12 +310,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
     };
 
     float acc[MT][8][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    zero_sums(acc);
 
     for (int s = 0; s < stages - 1; s++) { // one commit group per stage (the first also holds the weights above)
         if (s < nk) issue_a(s * RK, smem + s * STAGE);

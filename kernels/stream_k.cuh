@@ -1,6 +1,7 @@
 // Stream-K's division of (tile, k-tile) units among blocks and its partial-tile epilogue, shared by the MoE kernel's
 // dense rows-64 tile (kernels/moe.cu) and the warp-specialised tiles (kernels/tile_ws.cu).
 #pragma once
+#include "common.cuh"
 
 namespace w4a16 {
 namespace moe {
@@ -34,10 +35,7 @@ __device__ __forceinline__ bool sk_partial(float (&acc)[MT][NB][4], float4 *part
             __stcg(mine + (mt * NB + j) * 32, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
     if (!arrive(nk, nkt)) return false;
     const int c0 = sk_block_of((long long)t * nkt, U, B), c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < NB; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    zero_sums(acc);
     for (int c = c0; c <= c1; c++) {
         const float4 *src = part + ((size_t)c * 2 + sk_slot(c, t, nkt, U, B)) * TILE_F4;
 #pragma unroll

@@ -216,12 +216,7 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             const int q = lane & 3, r = lane >> 2, gq = warp >> 1, h = warp & 1;
             const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
             float acc[MT][4][4];
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+            zero_sums(acc);
             GroupConst<T> gc[4];
             int cur_group = -1;
             for (int s = 0; s < nk; s++, advance()) {
