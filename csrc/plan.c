@@ -417,6 +417,7 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
                      pl->blocks_per_sm > 1 ? "s" : "");
     else if (W4A16_KERNEL_ROWS(pl->kind)) {
+        const int tile = w4a16_kernel_moe_tile(pl->kind);
         char split[64];
         if (pl->sk_blocks > 0)
             snprintf(split, sizeof split, "stream-K %d blocks over %d tiles", pl->sk_blocks, pl->sk_tiles);
@@ -424,16 +425,11 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
             snprintf(split, sizeof split, "%d K split%s, grid %dx%dx%d", pl->splits, pl->splits > 1 ? "s" : "",
                      pl->grid[0], pl->grid[1], pl->grid[2]);
         n = snprintf(buf, size,
-                     "%s (the %s tile, %d stages, the MoE launch's identity routing), %s, %d threads, %d bytes "
-                     "shared, %d block%s/SM",
-                     w4a16_kernel_kind_name(pl->kind),
-                     pl->kind == W4A16_KERNEL_ROWS128  ? "warp-specialised 128 x 256"
-                     : pl->kind == W4A16_KERNEL_WS64   ? "warp-specialised 64 x 256"
-                     : pl->kind == W4A16_KERNEL_WS32   ? "warp-specialised 32 x 256"
-                     : pl->kind == W4A16_KERNEL_ROWS64 ? "MoE kernel's 64 x 256"
-                                                       : "MoE kernel's 32 x 128",
-                     pl->stages, split, pl->threads, pl->smem_bytes, pl->blocks_per_sm,
-                     pl->blocks_per_sm > 1 ? "s" : "");
+                     "%s (the %s %d x %d tile, %d stages, the MoE launch's identity routing), %s, %d threads, %d "
+                     "bytes shared, %d block%s/SM",
+                     w4a16_kernel_kind_name(pl->kind), w4a16_moe_tile_ws(tile) ? "warp-specialised" : "MoE kernel's",
+                     w4a16_moe_tile_rows(tile), w4a16_moe_tile_bn(tile), pl->stages, split, pl->threads, pl->smem_bytes,
+                     pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
     } else if (pl->kind == W4A16_KERNEL_MMA)
         n = snprintf(buf, size,
                      "%s config %d (%s, %d stages), stream-K %d blocks over %d tiles, grid %d, %d threads, "
