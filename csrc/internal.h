@@ -72,6 +72,12 @@ typedef struct w4a16_profile {
     int rows32_max_k;   /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
                            mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                            at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
+    int rows16_min_m; /* > 0: M from this to small_max_m (and M 17-32 where the decode tiles run there, narrow layers),
+                         the MoE kernel's 16-row tiles in place of the decode tiles:
+                         16 x 128 (W4A16_KERNEL_ROWS16W) where its tiles fill at least rows16_wide_fill percent of one
+                         wave of its block slots (AWQ layout: rows16_awq_wide_fill), else in the Marlin layout 16 x 64
+                         (W4A16_KERNEL_ROWS16) with K split across blocks */
+    int rows16_wide_fill, rows16_awq_wide_fill;
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

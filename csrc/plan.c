@@ -280,6 +280,43 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
+/* M from rows16_min_m to small_max_m (16), and M 17-32 on the narrow layers that run the decode tiles there
+ * (mid32_narrow): the MoE kernel's 16-row tiles (kernels/moe.cu: the activations the MMAs' 16-row operand, each weight
+ * dequantised once in registers with its scale) in place of the decode kernel's 16-token form (two 8-token MMA
+ * operands, deferred scales), which under sm120 on the H100 took 1.2x its own M = 1 time and 1.14x vLLM Marlin's
+ * (docs/PERFORMANCE.md v38):
+ * - 16 x 128 (4 warps: 2 channel groups x a 2-way K split, up to four blocks per SM) where its tiles fill at least
+ *   rows16_wide_fill percent of one wave of its block slots (wide layers; AWQ layout from rows16_awq_wide_fill), whole
+ *   tiles: 0.81-0.97x the decode tile's time at M = 16 on the harness's wide layers, Marlin layout, both profiles;
+ * - else, in the Marlin layout, 16 x 64 (the 4 warps splitting each 128-k stage) with K split across blocks as the
+ *   decode tiles split it (the slots once, each split at least 512 k): 0.86-0.97x on 5 of the 6 narrow layers at M =
+ *   16, 1.09x on llama3-8b.o natively; at M 17-32 (two row tiles) 0.86-0.93x natively and 0.92-0.99x under sm120 on
+ *   the narrow layers measured (llama3-8b.o, qwen2.5-7b.o). The AWQ layout's 16 x 64 tile was 1.04-1.40x slower on most
+ *   of them (its 32-byte row pieces), so it keeps the decode tile there. */
+static int plan_rows16(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                       w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    if (p->rows16_min_m <= 0 || M < p->rows16_min_m || K % 64 || (M > p->small_max_m && !mid32_narrow(st, M, N)))
+        return 0;
+    w4a16_plan c = *pl;
+    const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_16x128, 4, M, N, &c); /* its register budget: four */
+    const int fill = layout == W4A16_LAYOUT_AWQ ? p->rows16_awq_wide_fill : p->rows16_wide_fill;
+    if (per_sm && (long long)c.grid[0] * c.grid[1] * 100 >= (long long)st->sm_count * per_sm * fill) {
+        *pl = c;
+        return 1;
+    }
+    if (layout == W4A16_LAYOUT_AWQ) return 0;
+    c = *pl;
+    const int per_sm64 = rows_plan(st, layout, W4A16_MOE_TILE_16x64, 4, M, N, &c);
+    if (!per_sm64) return 0;
+    if (workspace_bytes > 0)
+        c.splits = w4a16_choose_splits(per_sm64, c.grid[0] * c.grid[1], cdiv(K, W4A16_MOE_SPLIT_BK), st->sm_count,
+                                       512 / W4A16_MOE_SPLIT_BK);
+    c.grid[2] = c.splits;
+    *pl = c;
+    return 1;
+}
+
 /* Whether `tiles` tiles of config c, K deep, run unshared where stream-K would share them if c's tiles could straddle
  * blocks: tiles that split K among their warps (WK > 1) never do (see w4a16_plan_gemm), so with more than half a wave
  * and a last wave under the fill threshold they keep SMs idle. Only asked where the alternative config `other`
@@ -355,6 +392,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         return W4A16_OK;
     }
     if (plan_ws32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
+    if (plan_rows16(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);
     const w4a16_gemm_config *c = w4a16_config(tc->cfg);
     const int bm = w4a16_cfg_bm(c), bn = w4a16_cfg_bn(c), bk = w4a16_cfg_bk(c);

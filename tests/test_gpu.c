@@ -625,6 +625,61 @@ static void test_rows_tiles(void **state) {
         printf("  rows-128 / ws-64 / ws-32 not run: this GPU does not load their sm_90a / sm_120a / sm_121a image\n");
 }
 
+/* M 9-16 on the MoE kernel's 16-row tiles, under every profile (each plans them): "rows-16" (16 x 64, K split across
+ * blocks) for the Marlin layout of a narrow layer, where the AWQ layout keeps "decode-16", also at M = 24 (two row
+ * tiles: the decode tiles' regime on narrow layers); "rows-16w" (16 x 128, whole tiles) for both on a layer of 3 x SMs
+ * + half a tile of 16 x 128 tiles (at least 60% of a wave of their slots; the last one half a tile); M = 9, 13, 16
+ * (partial row blocks), both dtypes, every group size, GPTQ's symmetric weights, with and without bias, against
+ * cuBLAS. */
+static void test_rows16_tiles(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const char *const *names = w4a16_profile_names();
+    const struct {
+        const char *awq, *marlin;
+        int N, K;
+    } shapes[] = {{"decode-16", "rows-16", 1024, quick ? 1024 : 2048},
+                  {"rows-16w", "rows-16w", 128 * 3 * sm_count + 64, quick ? 256 : 512}};
+    const int Ms[] = {9, 13, 16, 24};
+    int planned = 0;
+    for (int p = 0; names[p]; p++) {
+        w4a16_status s = w4a16_force_profile(names[p]);
+        if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
+        assert_int_equal(s, W4A16_OK);
+        for (int sh = 0; sh < 2; sh++)
+            for (int mi = 0; mi < 4; mi++) {
+                const int M = Ms[mi], N = shapes[sh].N, K = shapes[sh].K;
+                if ((sh == 1 && M > 16) || (quick && (mi + p + sh) % 3)) continue;
+                w4a16_gemm_plan_info pa, pm;
+                W4_CHECK(w4a16_gemm_plan(0, M, N, K, 128, W4A16_FP16, workspace_bytes, &pa));
+                W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pm));
+                printf("  profile %-5s M=%d N=%d: awq %s\n                marlin %s\n", names[p], M, N, pa.text,
+                       pm.text);
+                if (strcmp(pa.kernel, shapes[sh].awq) != 0 || strcmp(pm.kernel, shapes[sh].marlin) != 0)
+                    fail_msg("profile %s M=%d N=%d K=%d: planned %s / %s, expected %s / %s", names[p], M, N, K,
+                             pa.kernel, pm.kernel, shapes[sh].awq, shapes[sh].marlin);
+                if (sh == 0 && pm.splits < 2) fail_msg("profile %s: %s did not split K", names[p], pm.text);
+                planned++;
+                stats st = {0};
+                for (int d = 0; d < 2; d++)
+                    for (int g = 0; g < 4; g++) {
+                        if (quick && (g + d + mi) % 2) continue;
+                        gpu_layer L;
+                        gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed); /* G = 128: symmetric GPTQ */
+                        if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, &st);
+                        check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, &st);
+                        if (g == 1) check_gemm(PATH_MARLIN, &L, M, 0, 0, &st); /* no workspace: unsplit */
+                        gpu_layer_free(&L);
+                    }
+                char what[96];
+                snprintf(what, sizeof what, "%s / %s at M = %d under profile %s", pa.kernel, pm.kernel, M, names[p]);
+                stats_print(what, &st);
+            }
+    }
+    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+    if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
+}
+
 /* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu) without cuBLAS, so that make
  * sanitize's racecheck and synccheck (tests *selfref*) cover their mbarrier pipeline and stream-K handshake: each call
  * against the same call under the sm86 profile (which never plans them, and fits every GPU: its tiles are checked
@@ -1340,6 +1395,7 @@ int main(void) {
         cmocka_unit_test(test_act_order_shard),
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_rows_tiles),
+        cmocka_unit_test(test_rows16_tiles),
         cmocka_unit_test(test_selfref_ws_tiles),
         cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),

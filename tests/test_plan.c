@@ -63,9 +63,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma",     "wgmma", "staged",
-                                        "rows64",  "rows32",   "rows128", "ws64",  "ws32"};
-    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_WS32 + 1, "a name for every kernel kind");
+    static const char *const kinds[] = {"decode8", "decode16", "mma",  "wgmma", "staged", "rows64",
+                                        "rows32",  "rows128",  "ws64", "ws32",  "rows16", "rows16w"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS16W + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -257,6 +257,51 @@ static void check_stream_k(const w4a16_device_state *st, const w4a16_plan *pl, i
     }
 }
 
+/* A plan on the MoE kernel's 16-row tiles (rows-16 / rows-16w) at M rows16_min_m .. small_max_m: 16 x 128 whole
+ * tiles where they fill the profile's share of one wave of their slots (the AWQ layout's larger share), else in the
+ * Marlin layout only 16 x 64 with the decode tiles' K split (the slots once, at least 512 k a split, the workspace
+ * holding the splits' sums and a counter per tile). */
+static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K,
+                              int ws) {
+    const w4a16_profile *p = st->profile;
+    const int tile = w4a16_kernel_moe_tile(pl->kind);
+    assert_true(p->rows16_min_m > 0 && M >= p->rows16_min_m && M <= p->mid32_max_m && K % 64 == 0);
+    /* past the decode regime only where the decode tiles ran M 17-32 (narrow layers): 16 x 64, two row tiles */
+    if (M > p->small_max_m) assert_int_equal(pl->kind, W4A16_KERNEL_ROWS16);
+    assert_int_equal(pl->cfg, 16);
+    assert_int_equal(pl->threads, W4A16_MOE_THREADS);
+    assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(tile, layout, pl->stages));
+    assert_true(pl->blocks_per_sm >= 1 && pl->blocks_per_sm <= 4);
+    assert_true(pl->blocks_per_sm * (pl->smem_bytes + st->smem_reserved) <= st->smem_per_sm);
+    assert_int_equal(pl->sk_blocks, 0);
+    assert_int_equal(pl->grid[0], (M + 15) / 16);
+    assert_int_equal(pl->grid[1], (N + w4a16_moe_tile_bn(tile) - 1) / w4a16_moe_tile_bn(tile));
+    assert_int_equal(pl->grid[2], pl->splits);
+    const int fill = layout == W4A16_LAYOUT_AWQ ? p->rows16_awq_wide_fill : p->rows16_wide_fill;
+    const long long wide_tiles = (N + 127) / 128;
+    if (pl->kind == W4A16_KERNEL_ROWS16W) {
+        assert_int_equal(tile, W4A16_MOE_TILE_16x128);
+        assert_int_equal(pl->splits, 1);
+        assert_true(wide_tiles * 100 >= (long long)st->sm_count * pl->blocks_per_sm * fill);
+        return;
+    }
+    assert_int_equal(pl->kind, W4A16_KERNEL_ROWS16);
+    assert_int_equal(tile, W4A16_MOE_TILE_16x64);
+    assert_int_equal(layout, W4A16_LAYOUT_MARLIN);
+    const long long tiles = (long long)pl->grid[0] * pl->grid[1], slots = (long long)st->sm_count * pl->blocks_per_sm;
+    assert_true(wide_tiles * 100 < slots * fill * 2); /* the 16 x 128 tile (as many slots or fewer) fell short */
+    assert_in_range(pl->splits, 1, 16);
+    if (ws == 0) assert_int_equal(pl->splits, 1);
+    if (pl->splits > 1) {
+        assert_true(tiles * pl->splits <= slots && tiles * 2 <= slots);
+        assert_true((K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK >= pl->splits * (512 / W4A16_MOE_SPLIT_BK));
+        assert_true(w4a16_workspace_counters_bytes(st->sm_count) +
+                        (size_t)tiles * pl->splits * W4A16_MOE_SPLIT_TILE_BYTES <=
+                    ws_bytes(ws, st->sm_count, N, K));
+        assert_true(tiles <= (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)));
+    }
+}
+
 /* A warp-specialised tile's plan (csrc/plan.c): only on a device with its image, in its profile's M regime, one
  * 384-thread block per SM within the shared memory its formula gives; whole tiles where they fill most of a wave and
  * of all the waves they take, else stream-K over one block per SM, each block enough k-tiles, the workspace holding
@@ -329,6 +374,9 @@ static void test_plan_invariants(void **state) {
                             if (W4A16_KERNEL_ROWS(pl.kind) && w4a16_moe_tile_ws(w4a16_kernel_moe_tile(pl.kind))) {
                                 check_ws_plan(&st, &pl, layout, M, N, K, ws);
                                 bm = W4A16_KERNEL_ROWS(pl.kind), bn = 256, bk = 64, minb = 1;
+                            } else if (W4A16_KERNEL_ROWS(pl.kind) == 16) {
+                                check_rows16_plan(&st, &pl, layout, M, N, K, ws);
+                                bm = 16, bn = w4a16_moe_tile_bn(w4a16_kernel_moe_tile(pl.kind)), bk = 64, minb = 4;
                             } else if (W4A16_KERNEL_ROWS(pl.kind)) {
                                 /* the MoE kernel's tiles: never where a wgmma tile runs, K whole */
                                 const int rows = W4A16_KERNEL_ROWS(pl.kind), r64 = rows == 64;
@@ -823,16 +871,18 @@ static void test_hand_checked_rows128(void **state) {
         {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 12288, 14336, WS32, 1, 48, 0},
         /* the native Hopper profile too, below its wgmma tiles (M = 24: 24 tiles x 64 k-tiles, 11-12 a block) */
         {"H100", "sm90", 132, 232448, 1, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, WS32, 1, 24, 132},
-        /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, DEC16, -1, -1, -1},
+        /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers (AWQ; the
+         * Marlin layout's run the 16-row MoE tile there, test_hand_checked_rows16) */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, -1, -1, -1},
         /* a wide layer keeps its rows-32 plan */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, R32, -1, -1, -1},
-        /* M = 16 stays on the decode kernel, and M 17-32 without the image */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 28672, 4096, DEC16, -1, -1, -1},
+        /* M = 16 in the AWQ layout where 16 x 128 tiles fill under 60% of their slots stays on the decode kernel
+         * (test_hand_checked_rows16), and M 17-32 without the image */
+        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, -1, -1, -1},
         {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 24, 6144, 4096, MMA, -1, -1, -1},
-        /* M = 8 stays on the decode kernel; without the image M = 16 too */
+        /* M = 8 stays on the decode kernel; without the image AWQ's M = 16 too */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, -1, -1, -1},
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 16, 4096, 4096, DEC16, -1, -1, -1},
+        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, -1, -1, -1},
     };
     /* without a workspace, where the warp-specialised tiles would need stream-K (200 128-row tiles under 90% of two
      * waves, 400 64-row ones under 90% of four), rows-64's 400 whole tiles (76% of two waves of 264 slots) */
@@ -876,10 +926,78 @@ static void test_hand_checked_rows128(void **state) {
     }
 }
 
+/* By hand: M 9-16 on the MoE kernel's 16-row tiles. 16 x 128 (W4A16_KERNEL_ROWS16W: 3 stages of 16 x 64 x 2 + 4 x 2 x
+ * 128 x 4 + 2 x 128 x 2 + 2 x 16 x 4 = 6784 bytes (Marlin), four blocks per 100 KB SM) where its tiles fill 40% of a
+ * wave of its slots (AWQ: 60%), whole; else in the Marlin layout 16 x 64 (W4A16_KERNEL_ROWS16: 3 stages of 16 x 128 x 2
+ * + 8 x 2 x 64 x 4 + 4 x 64 x 2 + 4 x 8 x 4 = 8832 bytes, three per SM) with the decode tiles' K split, also at M
+ * 17-32 where narrow layers run the decode tiles; the AWQ layout's narrow layers keep the decode kernel. */
+static void test_hand_checked_rows16(void **state) {
+    (void)state;
+    enum {
+        R16 = W4A16_KERNEL_ROWS16,
+        R16W = W4A16_KERNEL_ROWS16W,
+        DEC8 = W4A16_KERNEL_DECODE8,
+        DEC16 = W4A16_KERNEL_DECODE16
+    };
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma;
+        const char *forced;
+        int layout, M, N, K, kind, grid1, splits, per_sm;
+    } c[] = {
+        /* 224 tiles of 16 x 128 on 4 x 132 slots: 42% */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 28672, 4096, R16W, 224, 1, 4},
+        /* the AWQ layout there: under 60%, the decode kernel; 462 tiles (88%): 16 x 128 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 59136, 8192, R16W, 462, 1, 4},
+        /* 32 tiles of 16 x 128 (6%): 64 tiles of 16 x 64 on 3 x 132 slots, 6 K splits of 5-6 k-tiles of 128 */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 4096, 4096, R16, 64, 6, 3},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 9, 4096, 4096, R16, 64, 6, 3},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, 0, 0, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, 0, 0, 0},
+        /* M = 32 on that narrow layer (the decode tiles' regime there): two row tiles of 16 x 64, 128 tiles, 3 splits
+         */
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R16, 64, 3, 3},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, 0, 0, 0},
+        /* the native Hopper profile: 4 stages, four 16 x 64 blocks per SM, 4 splits of 8 k-tiles (at most 8 per
+         * tile in 528 slots, at least 4 k-tiles each) */
+        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 12, 4096, 4096, R16, 64, 8, 4},
+        /* an RTX 5090, Qwen2.5-7B's gate_up (N = 37888, K = 3584): 296 tiles of 16 x 128 on 680 slots (44%) */
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 16, 37888, 3584, R16W, 296, 1, 4},
+        /* GB10, 48 SMs, N = 4096, K = 14336: 64 tiles of 16 x 64 on 144 slots, 2 splits */
+        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 16, 4096, 14336, R16, 64, 2, 3},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s %s M=%d N=%d K=%d: %s\n", c[i].name, c[i].layout ? "marlin" : "awq", c[i].M, c[i].N,
+                      c[i].K, text);
+        assert_int_equal(pl.kind, c[i].kind);
+        if (c[i].kind == DEC8 || c[i].kind == DEC16) continue;
+        assert_int_equal(pl.grid[0], (c[i].M + 15) / 16);
+        assert_int_equal(pl.grid[1], c[i].grid1);
+        assert_int_equal(pl.splits, c[i].splits);
+        assert_int_equal(pl.grid[2], c[i].splits);
+        assert_int_equal(pl.blocks_per_sm, c[i].per_sm);
+        assert_int_equal(pl.threads, 128);
+        const int stages = c[i].wgmma && !c[i].forced ? 4 : 3;
+        assert_int_equal(pl.stages, stages);
+        assert_int_equal(pl.smem_bytes, stages * (c[i].kind == R16W ? (c[i].layout ? 6784 : 7808) : 8832));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
         cmocka_unit_test(test_hand_checked_rows128),
+        cmocka_unit_test(test_hand_checked_rows16),
         cmocka_unit_test(test_forced_profile_emulates_its_sm),
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
