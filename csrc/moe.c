@@ -186,6 +186,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,
+        .pdl = x->pdl && !w4a16_moe_tile_ws(w4a16_kernel_moe_tile(g->plan.kind)), /* tile_ws.cu launches plainly */
         .counters = x->counters, /* the dense workspace's counters and partial sums (K splits) */
         .partials = x->partials,
         .stream = g->stream,

@@ -209,7 +209,7 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * promises that the weight tensors are not written by any kernel that can still be running when this call's kernel
  * starts: do not pass the flag on the first GEMM after the kernels that convert or load its weights unless a plain
  * launch, a synchronisation or an event wait lies in between (once the weights are loaded, as in serving, this
- * holds). The staged large-M path (sm_90) and the plans on the MoE launch's tiles ("rows-*", "ws-*") launch
+ * holds). The staged large-M path (sm_90) and the warp-specialised tiles ("rows-128", "ws-64", "ws-32") launch
  * plainly. */
 #define W4A16_FLAG_PDL 2u
 W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales,

@@ -281,8 +281,10 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
             if (copy) cp_async16(st + z_dsto, z_base + (size_t)g * (N / 8), true);
         }
     };
-    // the first stages' weights need only the expert: they are on their way while the rows are gathered
+    // the first stages' weights need only the expert: they are on their way while the rows are gathered (and, with
+    // programmatic dependent launch, while the previous grid finishes writing A)
     for (int s = 0; s < stages - 1 && s < nk; s++) issue_w(s * RK, smem + s * STAGE);
+    if (p.pdl) pdl_wait();
     if (tid < BM) {
         const bool ok = id >= 0 && id < p.M * p.top_k;
         s_src[tid] = ok ? id / p.top_k : -1;
@@ -441,6 +443,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
         }
     }
     cp_async_wait_all();
+    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight copies
 
     // ---- epilogue: (acc + bias[e]) * topk_weights to the pairs' rows of C
     T *C = static_cast<T *>(p.C);
@@ -736,6 +739,11 @@ template <typename T, int LAYOUT, int TILE> cudaError_t launch(const w4a16_moe_l
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem;
     c.stream = static_cast<cudaStream_t>(a.stream);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = a.pdl ? 1 : 0;
     return cudaLaunchKernelEx(&c, kern, a);
 }
 
