@@ -61,17 +61,20 @@ typedef struct w4a16_profile {
                           layout take the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128) from this M, in whole
                           tiles where they fill at least rows128_min_wave_fill percent of the waves they take */
     int rows128_min_wave_fill;
-    int ws64_sk_min_kt; /* > 0: on such a device, the warp-specialised 64 x 256 tile (W4A16_KERNEL_WS64) below
-                           rows128_min_m where rows-64 would not run whole tiles, and from it where the 128-row tile
-                           has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */
-    int ws32_min_kt;    /* > 0: on such a device, M 17-32 (above small_max_m, up to mid32_max_m) where the 32-row plan
-                           (rows32_max_k) does not run: the warp-specialised 32 x 256 tile (W4A16_KERNEL_WS32), in whole
-                           tiles where they fill rows64_min_fill percent of one wave and rows128_min_wave_fill percent
-                           of their waves, else stream-K over one block per SM where each gets at least this many
-                           k-tiles (else the mma.sync / decode tiles) */
-    int rows32_max_k;   /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
-                           mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
-                           at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
+    int ws64_sk_min_kt;   /* > 0: on such a device, the warp-specialised 64 x 256 tile (W4A16_KERNEL_WS64) below
+                             rows128_min_m where rows-64 would not run whole tiles, and from it where the 128-row tile
+                             has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */
+    int ws32_min_kt;      /* > 0: on such a device, M 17-32 (above small_max_m, up to mid32_max_m) where the 32-row plan
+                             (rows32_max_k) does not run: the warp-specialised 32 x 256 tile (W4A16_KERNEL_WS32), in whole
+                             tiles where they fill rows64_min_fill percent of one wave and rows128_min_wave_fill percent
+                             of their waves, else stream-K over one block per SM where each gets at least this many
+                             k-tiles (else the mma.sync / decode tiles) */
+    int rows32_max_k;     /* > 0: else, for K at most this, the MoE kernel's 32 x 128 tile (W4A16_KERNEL_ROWS32): in the
+                             mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
+                             at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
+    int rows32_sk_min_kt; /* > 0: in the mid32 regime, where its whole tiles take more than one wave and fill under
+                             rows128_min_wave_fill percent of their waves, stream-K over its slots, each block at least
+                             this many k-tiles */
     int rows16_min_m; /* > 0: M from this to small_max_m (and M 17-32 where the decode tiles run there, narrow layers),
                          the MoE kernel's 16-row tiles in place of the decode tiles:
                          16 x 128 (W4A16_KERNEL_ROWS16W) where its tiles fill at least rows16_wide_fill percent of one

@@ -272,6 +272,20 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     const long long tiles = (long long)c.grid[0] * c.grid[1], slots = (long long)st->sm_count * per_sm;
     const int fits = tiles <= slots, half = tiles * 2 >= slots;
     if (!(mid32 ? half || (awq && fits) : fits)) return 0;
+    /* more than one wave of whole tiles whose last is part empty (the wide gate_up layers at M 17-32: 400 and 462
+     * tiles on 396 slots of the 100 KB profiles): stream-K over the slots instead, each block at least rows32_sk_min_kt
+     * k-tiles; 0.80-0.96x the whole tiles' time there, both layouts, both profiles (one wave or less: 1.06-1.24x,
+     * docs/PERFORMANCE.md v39) */
+    if (mid32 && tiles > slots && workspace_bytes > 0 && p->rows32_sk_min_kt > 0) {
+        w4a16_plan d = *pl;
+        int whole;
+        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_32, 3, p->rows128_min_wave_fill, p->rows32_sk_min_kt, M, N, K,
+                         workspace_bytes, &d, &whole) &&
+            !whole) {
+            *pl = d;
+            return 1;
+        }
+    }
     /* K split across blocks (the MoE kernel's, through the dense workspace) where the tiles leave half the slots idle,
      * each split at least 640 k, as the MoE plans split their 16 x 64 tile */
     if (workspace_bytes > 0) c.splits = w4a16_choose_splits(per_sm, (int)tiles, cdiv(K, 64), st->sm_count, 10);

@@ -15,8 +15,9 @@
 // where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
 // routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
 // workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
-// sums in split order, so the result is the same bits on every run whichever block arrives last. Dense rows-64 plans
-// share k-tiles by stream-K instead (gemm_kernel, SPLIT = 2), with the same counter and the same fixed order.
+// sums in split order, so the result is the same bits on every run whichever block arrives last. Dense rows-64 plans,
+// and rows-32 plans of more than one wave, share k-tiles by stream-K instead (gemm_kernel, SPLIT = 2), with the same
+// counter and the same fixed order (the 32-row tile's K-split warps add their sums in the block first).
 #include "common.cuh"
 #include "configs.h"
 #include "launch.h"
@@ -163,12 +164,19 @@ __device__ __forceinline__ bool last_to_arrive(int *counter, int add, int total,
 // the 16-row tiles (<= 128 registers), 3 for the 32-row one (<= 168); unbounded, the compiler took 135 and 180.
 constexpr int min_blocks(int mt) { return mt == 1 ? 4 : mt == 2 ? 3 : 1; }
 
+// A stream-K segment's place in the division (SPLIT = 2): the block's workspace slot of a partial tile, the tile's
+// index (also its arrival counter's), the units and blocks of the division (stream_k.cuh).
+struct SkSeg {
+    int slot, tile;
+    long long U, B;
+};
+
 // One tile (routing block blk x channel tile ntile) over k-tiles [kt0, kt0 + nk). SPLIT: 0 the whole K; 1 K split
-// across gridDim.z blocks; 2 a stream-K segment (sk_slot_of_block: the block's workspace slot of a partial tile,
-// sk_tile: the tile's index). The split kinds are separate instances, so the unsplit kernels carry none of their code.
+// across gridDim.z blocks; 2 a stream-K segment (sk). The split kinds are separate instances, so the unsplit kernels
+// carry none of their code.
 template <typename T, int LAYOUT, int MT, int WN, int KS, int SPLIT>
 __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int blk, const int ntile, const int kt0,
-                                          const int nk, const int sk_slot_of_block, const int sk_tile) {
+                                          const int nk, const SkSeg &sk) {
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WN, KS>;
     constexpr int WK = TL::WK, BM = TL::BM, BN = TL::BN, BK = TL::BK, SB = TL::SB;
@@ -497,11 +505,10 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
                 // a partial tile of stream-K: its fp32 sums to this block's workspace slot as they lie in the
                 // registers; the block that completes the tile's k-tiles adds every part in block order into its
                 // accumulators and stores as an unsplit block does
-                const long long U = (long long)p.grid_blocks * ((N + BN - 1) / BN) * nkt, B = gridDim.x;
                 if (!sk_partial<MT, 8, WARPS * MT * 8 * 32>(
-                        acc, static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane, sk_slot_of_block, sk_tile,
-                        nk, nkt, U, B,
-                        [&](int add, int total) { return last_to_arrive(p.counters + sk_tile, add, total, s_src[0]); }))
+                        acc, static_cast<float4 *>(p.partials) + warp * MT * 8 * 32 + lane, sk.slot, sk.tile, nk, nkt,
+                        sk.U, sk.B,
+                        [&](int add, int total) { return last_to_arrive(p.counters + sk.tile, add, total, s_src[0]); }))
                     return;
             }
         }
@@ -583,7 +590,6 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
         // component hc = 2h + c2) shared among the warps, each adding one component of the 8 blocks' sums
         constexpr int UNITS = WN * MT * 4;
         const float *redf = reinterpret_cast<const float *>(smem);
-        static_assert(SPLIT != 2, "stream-K: tiles with K whole in each warp (WK = 1) only");
         if constexpr (SPLIT == 0) {
             if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
                 for (int u = warp; u < UNITS; u += WARPS) {
@@ -609,46 +615,68 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
                 }
             }
         } else {
-            // as above into registers (NSL n8 blocks per warp: warp + 4 sl), then this split's sums to the workspace;
-            // the tile's last block to arrive adds all splits in split order and stores
+            // as above into registers (NSL n8 blocks per warp: warp + 4 sl); then, where the tile's k is shared with
+            // other blocks, this block's part to the workspace and the tile's sums, added in a fixed order by the
+            // block that completes it (the same bits whichever block that is): SPLIT 1 the K splits in split order,
+            // SPLIT 2 stream-K's parts in block order (stream_k.cuh)
             constexpr int NSL = WN * MT * 8 / WARPS, TILE_F4 = WN * MT * 8 * 32;
-            float4 out[NSL];
+            float o[1][NSL][4];
             bool live[NSL];
 #pragma unroll
             for (int sl = 0; sl < NSL; sl++) {
                 const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
                 live[sl] = mt * 16 < bs && n0 + gn * 64 < N;
-                out[sl] = warp_sum(gn, mt, j);
+                const float4 v = warp_sum(gn, mt, j);
+                o[0][sl][0] = v.x;
+                o[0][sl][1] = v.y;
+                o[0][sl][2] = v.z;
+                o[0][sl][3] = v.w;
             }
-            const int nblk = n_fast ? (int)gridDim.y : (int)gridDim.x;
-            const int tile = ntile * nblk + blk;
-            float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
+            if constexpr (SPLIT == 1) {
+                const int nblk = n_fast ? (int)gridDim.y : (int)gridDim.x;
+                const int tile = ntile * nblk + blk;
+                float4 *all = static_cast<float4 *>(p.partials) + (size_t)tile * splits * TILE_F4 + lane;
 #pragma unroll
-            for (int sl = 0; sl < NSL; sl++)
-                if (live[sl]) __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32, out[sl]);
-            if (!last_to_arrive(p.counters + tile, 1, splits, s_src[0])) return;
-            // block bl's sums over the splits, in split order: the same bits whichever block is last
-            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
-                // each warp adds its blocks' splits, then the totals go through shared memory (the reduction buffer,
-                // read before the barriers above) to the wide stores
-                float4 *tot = reinterpret_cast<float4 *>(smem);
+                for (int sl = 0; sl < NSL; sl++)
+                    if (live[sl])
+                        __stcg(all + (size_t)blockIdx.z * TILE_F4 + (warp + WARPS * sl) * 32,
+                               make_float4(o[0][sl][0], o[0][sl][1], o[0][sl][2], o[0][sl][3]));
+                if (!last_to_arrive(p.counters + tile, 1, splits, s_src[0])) return;
 #pragma unroll
                 for (int sl = 0; sl < NSL; sl++) {
                     if (!live[sl]) continue;
-                    const int bl = warp + WARPS * sl;
-                    const float4 *src = all + bl * 32;
+                    const float4 *src = all + (warp + WARPS * sl) * 32;
                     float4 sum = __ldcg(src);
                     for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
-                    tot[bl * 32 + lane] = sum;
+                    o[0][sl][0] = sum.x;
+                    o[0][sl][1] = sum.y;
+                    o[0][sl][2] = sum.z;
+                    o[0][sl][3] = sum.w;
                 }
+            } else if (nk < nkt) {
+                if (!sk_partial<1, NSL, TILE_F4, WARPS * 32>(
+                        o, static_cast<float4 *>(p.partials) + warp * 32 + lane, sk.slot, sk.tile, nk, nkt, sk.U, sk.B,
+                        [&](int add, int total) { return last_to_arrive(p.counters + sk.tile, add, total, s_src[0]); }))
+                    return;
+            }
+            if constexpr (LAYOUT == W4A16_LAYOUT_AWQ) {
+                // the totals go through shared memory (the reduction buffer, which every warp has read once all have
+                // passed this barrier) to the wide stores
+                float4 *tot = reinterpret_cast<float4 *>(smem);
+                __syncthreads();
+#pragma unroll
+                for (int sl = 0; sl < NSL; sl++)
+                    if (live[sl])
+                        tot[(warp + WARPS * sl) * 32 + lane] =
+                            make_float4(o[0][sl][0], o[0][sl][1], o[0][sl][2], o[0][sl][3]);
                 __syncthreads();
                 for (int u = warp; u < UNITS; u += WARPS) {
                     const int hc = u % 4, mt = (u / 4) % MT, gn = u / (4 * MT);
                     if (mt * 16 >= bs || n0 + gn * 64 >= N) continue;
                     float x[8];
 #pragma unroll
-                    for (int o = 0; o < 8; o++)
-                        x[o] = redf[((((gn * MT + mt) * 8 + awq_reverse(o)) * 32) + lane) * 4 + hc];
+                    for (int q8 = 0; q8 < 8; q8++)
+                        x[q8] = redf[((((gn * MT + mt) * 8 + awq_reverse(q8)) * 32) + lane) * 4 + hc];
                     store_awq(mt, hc / 2, hc % 2, n0 + gn * 64, x);
                 }
             } else {
@@ -656,10 +684,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
                 for (int sl = 0; sl < NSL; sl++) {
                     if (!live[sl]) continue;
                     const int bl = warp + WARPS * sl, j = bl % 8, mt = (bl / 8) % MT, gn = bl / (8 * MT);
-                    const float4 *src = all + bl * 32;
-                    float4 sum = __ldcg(src);
-                    for (int sp = 1; sp < splits; sp++) add4(sum, __ldcg(src + (size_t)sp * TILE_F4));
-                    store(mt, j, n0 + gn * 64, sum);
+                    store(mt, j, n0 + gn * 64, make_float4(o[0][sl][0], o[0][sl][1], o[0][sl][2], o[0][sl][3]));
                 }
             }
         }
@@ -684,7 +709,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         for (int seg = 0; u < u1; seg++) {
             const int t = (int)(u / nkt), k0 = (int)(u % nkt), n = (int)min((long long)(nkt - k0), u1 - u);
             if (seg > 0) __syncthreads(); // the last segment's epilogue is done with shared memory
-            tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, t / ntn, t % ntn, k0, n, seg == 0 ? 0 : 1, t);
+            tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, t / ntn, t % ntn, k0, n, SkSeg{seg == 0 ? 0 : 1, t, U, B});
             u += n;
         }
     } else {
@@ -693,7 +718,7 @@ __global__ void __launch_bounds__(THREADS, min_blocks(MT)) gemm_kernel(const w4a
         const int splits = SPLIT == 1 ? (int)gridDim.z : 1;
         const int kt0 = SPLIT == 1 ? (int)blockIdx.z * nkt / splits : 0;
         const int nk = SPLIT == 1 ? ((int)blockIdx.z + 1) * nkt / splits - kt0 : nkt;
-        tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, blk, ntile, kt0, nk, 0, 0);
+        tile_gemm<T, LAYOUT, MT, WN, KS, SPLIT>(p, blk, ntile, kt0, nk, SkSeg{0, 0, 0, 0});
     }
 }
 

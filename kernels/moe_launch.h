@@ -87,10 +87,9 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
     return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
 }
-/* The tiles with a stream-K instance (dense calls): 64 x 256 and the warp-specialised ones, whose warps each hold K
- * whole. */
+/* The tiles with a stream-K instance (dense calls): 64 x 256, 32 x 128 and the warp-specialised ones. */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) {
-    return tile == W4A16_MOE_TILE_64 || w4a16_moe_tile_ws(tile);
+    return tile == W4A16_MOE_TILE_64 || tile == W4A16_MOE_TILE_32 || w4a16_moe_tile_ws(tile);
 }
 /* Threads of a tile's block. */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_threads(int tile) {

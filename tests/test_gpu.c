@@ -546,7 +546,8 @@ static void test_forced_profiles(void **state) {
  * GPUs load the warp-specialised tile's image (sm90, sm120, sm121) plan "rows-128" (128 x 256) for both layouts of
  * the same calls at M = 1000 (whole tiles) and 500 (stream-K), and at M = 300 on a layer whose channels end in half a
  * tile (stream-K), and "ws-64" (its 64-row form, stream-K) at M = 48 and on the narrow layer below at M = 200;
- * "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles, K split) and a wide one at M = 24; "ws-32" (the
+ * "rows-32" (32 x 128) on a narrow one at M = 200 (mid2 M, few tiles, K split), a wide one at M = 24 and, with
+ * stream-K, one of 1.25 waves at M = 32; "ws-32" (the
  * 32-row form) at M = 24 (stream-K) and 32 where K is past the rows-32 plans' (the other profiles: mma.sync); M not a
  * multiple of the tile's rows (a partial row block), both paths, both dtypes, GPTQ's symmetric weights, with and
  * without bias, every group size. */
@@ -568,6 +569,8 @@ static void test_rows_tiles(void **state) {
                   /* 8 x 4 rows-128 tiles make too few stream-K blocks: ws-64 where it runs */
                   {"rows-32", "ws-64", 200, 1024, quick ? 1280 : 4096, 1},
                   {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0},
+                  /* 1.25 waves of its three slots per SM: stream-K over the slots (blocks spanning tiles) */
+                  {"rows-32", NULL, 32, 128 * (3 * sm_count * 5 / 4), quick ? 512 : 1024, 1},
                   /* M 17-32 where no rows-32 plan runs (K past rows32_max_k): ws-32, stream-K (0.25 tiles per SM, 32
                    * k-tiles a block), and whole tiles (one per SM) */
                   {"mma.sync", "ws-32", 24, 256 * (sm_count / 4), 8320, 1},

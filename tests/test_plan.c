@@ -415,6 +415,25 @@ static void test_plan_invariants(void **state) {
                                     assert_true(t * 100 >= slots * st.profile->rows64_min_fill);
                                     assert_true(t * 100 >=
                                                 (t + slots - 1) / slots * slots * st.profile->rows64_min_wave_fill);
+                                } else if (pl.sk_blocks > 0) {
+                                    /* rows-32 in the mid32 regime with more than one wave of whole tiles filling
+                                     * under rows128_min_wave_fill percent of them: stream-K over its slots, at least
+                                     * one block per SM, each at least rows32_sk_min_kt k-tiles, the workspace holding
+                                     * two partial 32 x 128 tiles per block and a counter per tile */
+                                    assert_true(mid32 && ws > 0 && st.profile->rows32_sk_min_kt > 0);
+                                    assert_true(K <= st.profile->rows32_max_k);
+                                    assert_true(t > slots);
+                                    assert_true(t * 100 <
+                                                (t + slots - 1) / slots * slots * st.profile->rows128_min_wave_fill);
+                                    assert_int_equal(pl.splits, 1);
+                                    assert_int_equal(pl.sk_tiles, t);
+                                    assert_in_range(pl.sk_blocks, st.sm_count, slots);
+                                    assert_true(t * (K / 64) >= (long long)pl.sk_blocks * st.profile->rows32_sk_min_kt);
+                                    assert_true(w4a16_workspace_counters_bytes(st.sm_count) +
+                                                    2 * (size_t)pl.sk_blocks * 32 * 128 * sizeof(float) <=
+                                                ws_bytes(ws, st.sm_count, N, K));
+                                    assert_true(t <=
+                                                (long long)(w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int)));
                                 } else {
                                     /* short K; mid2 M in one wave at most, mid32 M filling half a wave at least, and
                                      * the AWQ layout from the mid32 regime on in one wave */
@@ -874,7 +893,7 @@ static void test_hand_checked_rows128(void **state) {
         /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers (AWQ; the
          * Marlin layout's run the 16-row MoE tile there, test_hand_checked_rows16) */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, -1, -1, -1},
-        /* a wide layer keeps its rows-32 plan */
+        /* a wide layer keeps its rows-32 plan (with stream-K here: test_hand_checked_rows32_sk) */
         {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, R32, -1, -1, -1},
         /* M = 16 in the AWQ layout where 16 x 128 tiles fill under 60% of their slots stays on the decode kernel
          * (test_hand_checked_rows16), and M 17-32 without the image */
@@ -993,11 +1012,52 @@ static void test_hand_checked_rows16(void **state) {
     }
 }
 
+/* By hand: rows-32 at M 17-32 (32 x 128, three blocks per SM): whole tiles in one wave or less (llama3-8b.gate_up:
+ * 224 tiles on 396 slots under sm120), stream-K over the slots where they take more than one wave filled under 90%
+ * (qwen2.5-72b.gate_up: 462 tiles, 58% of two waves; qwen3-32b.gate_up: 400, 51%), both layouts, each block at least
+ * 8 k-tiles; the native Hopper profile too (4 stages, still three blocks per SM by registers); an RTX 5090's 510 slots
+ * hold the 462 tiles in one wave. */
+static void test_hand_checked_rows32_sk(void **state) {
+    (void)state;
+    const struct {
+        const char *name, *profile;
+        int sms, smem_block, wgmma;
+        const char *forced;
+        int layout, M, N, K, tiles, sk;
+    } c[] = {
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 28672, 4096, 224, 0},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 24, 59136, 8192, 462, 396},
+        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 51200, 5120, 400, 396},
+        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 0},
+        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
+        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 32, 102400, 5120, 800, 396},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
+        w4a16_device_state st = device_state(&d);
+        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
+        w4a16_plan pl;
+        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
+                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                         W4A16_OK);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        print_message("  %-13s M=%d N=%d K=%d: %s\n", c[i].name, c[i].M, c[i].N, c[i].K, text);
+        assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
+        assert_int_equal(pl.grid[0] * pl.grid[1], c[i].tiles);
+        assert_int_equal(pl.sk_blocks, c[i].sk);
+        assert_int_equal(pl.sk_tiles, c[i].sk ? c[i].tiles : 0);
+        assert_int_equal(pl.splits, 1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
         cmocka_unit_test(test_hand_checked_rows128),
         cmocka_unit_test(test_hand_checked_rows16),
+        cmocka_unit_test(test_hand_checked_rows32_sk),
         cmocka_unit_test(test_forced_profile_emulates_its_sm),
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
