@@ -73,8 +73,9 @@ typedef struct w4a16_profile {
                              mid2 regime when its tiles fit one wave of its block slots, in the mid32 regime when they fill
                              at least half of one; in the AWQ layout from M above small_max_m when they fit one wave */
     int rows32_sk_min_kt; /* > 0: in the mid32 regime, where its whole tiles take more than one wave and fill under
-                             rows128_min_wave_fill percent of their waves, stream-K over its slots, each block at least
+                             rows32_sk_wave_fill percent of their waves, stream-K over its slots, each block at least
                              this many k-tiles */
+    int rows32_sk_wave_fill;
     int rows16_min_m; /* > 0: M from this to small_max_m (and M 17-32 where the decode tiles run there, narrow layers),
                          the MoE kernel's 16-row tiles in place of the decode tiles:
                          16 x 128 (W4A16_KERNEL_ROWS16W) where its tiles fill at least rows16_wide_fill percent of one

@@ -279,7 +279,7 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     if (mid32 && tiles > slots && workspace_bytes > 0 && p->rows32_sk_min_kt > 0) {
         w4a16_plan d = *pl;
         int whole;
-        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_32, 3, p->rows128_min_wave_fill, p->rows32_sk_min_kt, M, N, K,
+        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_32, 3, p->rows32_sk_wave_fill, p->rows32_sk_min_kt, M, N, K,
                          workspace_bytes, &d, &whole) &&
             !whole) {
             *pl = d;

@@ -417,14 +417,14 @@ static void test_plan_invariants(void **state) {
                                                 (t + slots - 1) / slots * slots * st.profile->rows64_min_wave_fill);
                                 } else if (pl.sk_blocks > 0) {
                                     /* rows-32 in the mid32 regime with more than one wave of whole tiles filling
-                                     * under rows128_min_wave_fill percent of them: stream-K over its slots, at least
+                                     * under rows32_sk_wave_fill percent of them: stream-K over its slots, at least
                                      * one block per SM, each at least rows32_sk_min_kt k-tiles, the workspace holding
                                      * two partial 32 x 128 tiles per block and a counter per tile */
                                     assert_true(mid32 && ws > 0 && st.profile->rows32_sk_min_kt > 0);
                                     assert_true(K <= st.profile->rows32_max_k);
                                     assert_true(t > slots);
                                     assert_true(t * 100 <
-                                                (t + slots - 1) / slots * slots * st.profile->rows128_min_wave_fill);
+                                                (t + slots - 1) / slots * slots * st.profile->rows32_sk_wave_fill);
                                     assert_int_equal(pl.splits, 1);
                                     assert_int_equal(pl.sk_tiles, t);
                                     assert_in_range(pl.sk_blocks, st.sm_count, slots);
