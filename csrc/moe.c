@@ -186,10 +186,10 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
         .n_fast = g->plan.grid[0] <= 65535,
-        /* tile_ws.cu launches plainly; so does rows-16w: with the flag, make bench had llama3-8b.gate_up at M = 9 / 16
-         * (224 whole 16 x 128 tiles on 528 slots) at 1.10-1.16x its plain time, qwen2.5-72b.gate_up 0.98x (v38) */
-        .pdl =
-            x->pdl && !w4a16_moe_tile_ws(w4a16_kernel_moe_tile(g->plan.kind)) && g->plan.kind != W4A16_KERNEL_ROWS16W,
+        /* only rows-16, the kind that replaced the decode kernel's PDL launches and that test_selfref_pdl_chain runs;
+         * rows-16w with the flag had llama3-8b.gate_up at M = 9 / 16 (224 whole 16 x 128 tiles on 528 slots) at
+         * 1.10-1.16x its plain time in make bench (v38); the other MoE-tile plans launch plainly as before */
+        .pdl = x->pdl && g->plan.kind == W4A16_KERNEL_ROWS16,
         .counters = x->counters, /* the dense workspace's counters and partial sums (K splits) */
         .partials = x->partials,
         .stream = g->stream,

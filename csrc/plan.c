@@ -133,8 +133,9 @@ static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
     return tiles * 8 <= (long long)p->mid32_min_tiles_per_8sm * st->sm_count;
 }
 
-/* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32 or a warp-specialised one) over M x N, its register budget
- * allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not fit a block. */
+/* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32, _16x64, _16x128 or a warp-specialised one) over M x N,
+ * its register budget allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not fit a
+ * block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);

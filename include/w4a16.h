@@ -209,8 +209,8 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * promises that the weight tensors are not written by any kernel that can still be running when this call's kernel
  * starts: do not pass the flag on the first GEMM after the kernels that convert or load its weights unless a plain
  * launch, a synchronisation or an event wait lies in between (once the weights are loaded, as in serving, this
- * holds). The staged large-M path (sm_90), the warp-specialised tiles ("rows-128", "ws-64", "ws-32") and "rows-16w"
- * launch plainly. */
+ * holds). Of the plans on the MoE launch's tiles only "rows-16" uses it; the others ("rows-64", "rows-32",
+ * "rows-16w", "rows-128", "ws-64", "ws-32") and the staged large-M path (sm_90) launch plainly. */
 #define W4A16_FLAG_PDL 2u
 W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales,
                                          const int32_t *qzeros, const void *bias, void *C, int M, int N, int K,

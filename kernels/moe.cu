@@ -11,7 +11,8 @@
 // their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
 // which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls, the 32-row tile for the dense rows-32 plans):
+// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls and the dense rows-16 plans, the 32-row tile for
+// the dense rows-32 plans):
 // where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
 // routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
 // workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
@@ -194,7 +195,7 @@ __device__ __forceinline__ void tile_gemm(const w4a16_moe_launch &p, const int b
     const int n0 = ntile * BN, bs = p.block_size;
     // the block's routing (padded count, expert, its rows' pair ids) loaded together: three independent loads instead
     // of a chain (the buffers hold grid_blocks blocks, so every index here is inside them); no routing buffers: a dense
-    // GEMM (the rows-64 / rows-32 plans), pair i = row i, every block of expert 0
+    // GEMM (the rows-64 / rows-32 / rows-16 plans), pair i = row i, every block of expert 0
     const bool dense = p.sorted_ids == nullptr;
     const int npp = dense ? p.sorted_capacity : *p.num_post_padded, e = dense ? 0 : p.expert_ids[blk];
     int id = -1;

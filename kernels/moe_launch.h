@@ -34,8 +34,8 @@ typedef struct w4a16_moe_launch {
     int splits;    /* K split across gridDim.z blocks (w4a16_moe_tile_can_split; MoE plans split only 16x64); 1: none */
     int n_fast;    /* grid x = channel tiles, y = routing blocks (else the other way round) */
     int sk_blocks; /* > 0: a dense call's stream-K over this many blocks (w4a16_moe_tile_can_stream_k); splits 1 */
-    int pdl;       /* programmatic dependent launch (a dense call with W4A16_FLAG_PDL; the MoE kernel's tiles only): the
-                      first weight stages are copied before the wait for the previous grid */
+    int pdl;       /* programmatic dependent launch (a dense rows-16 call with W4A16_FLAG_PDL, csrc/moe.c): the first
+                      weight stages are copied before the wait for the previous grid */
     int *counters; /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */
     void *partials; /* workspace: splits x BM x BN fp32 sums per tile; stream-K: 2 x BM x BN per block */
     void *stream;
@@ -83,7 +83,7 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
     return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32;
 }
-/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans) and 32 x 128 (the dense rows-32 plans). */
+/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans, dense rows-16) and 32 x 128 (dense rows-32). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
     return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
 }
