@@ -307,6 +307,21 @@ static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl
     }
 }
 
+/* A stream-K plan of a MoE launch tile (rows x bn) over its t tiles, K deep, on `slots` block slots: no K split, every
+ * tile shared, at least one block per SM and at most one per slot, each block at least min_kt k-tiles of 64, the
+ * workspace (class ws) holding two partial tiles per block and a counter per tile. */
+static void check_sk_plan(const w4a16_device_state *st, const w4a16_plan *pl, long long t, long long slots, int rows,
+                          int bn, int min_kt, int N, int K, int ws) {
+    assert_true(ws > 0 && min_kt > 0);
+    assert_int_equal(pl->splits, 1);
+    assert_int_equal(pl->sk_tiles, t);
+    assert_in_range(pl->sk_blocks, st->sm_count, slots);
+    assert_true(t * (K / 64) >= (long long)pl->sk_blocks * min_kt);
+    assert_true(w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)pl->sk_blocks * rows * bn * sizeof(float) <=
+                ws_bytes(ws, st->sm_count, N, K));
+    assert_true(t <= (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)));
+}
+
 /* A warp-specialised tile's plan (csrc/plan.c): only on a device with its image, in its profile's M regime, one
  * 384-thread block per SM within the shared memory its formula gives; whole tiles where they fill most of a wave and
  * of all the waves they take, else stream-K over one block per SM, each block enough k-tiles, the workspace holding
@@ -335,13 +350,7 @@ static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, in
         return;
     }
     const int min_kt = rows == 128 ? p->rows64_sk_min_kt : rows == 64 ? p->ws64_sk_min_kt : p->ws32_min_kt;
-    assert_true(ws > 0 && min_kt > 0);
-    assert_int_equal(pl->sk_tiles, t);
-    assert_in_range(pl->sk_blocks, st->sm_count, slots);
-    assert_true(t * (K / 64) >= (long long)pl->sk_blocks * min_kt);
-    assert_true(w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)pl->sk_blocks * rows * 256 * sizeof(float) <=
-                ws_bytes(ws, st->sm_count, N, K));
-    assert_true(t <= (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)));
+    check_sk_plan(st, pl, t, slots, rows, 256, min_kt, N, K, ws);
 }
 
 /* Every plan of the grid (each target, both with and without the warp-specialised tiles' image where it has them). */
@@ -402,16 +411,8 @@ static void test_plan_invariants(void **state) {
                                      * workspace, at least one block per SM, at most one per slot, each at least
                                      * rows64_sk_min_kt k-tiles; the workspace holds two partial tiles per block and a
                                      * counter per tile; the launch's grid still counts the tiles */
-                                    assert_true(st.profile->rows64_sk_min_kt > 0 && !mid32 && ws > 0);
-                                    assert_int_equal(pl.splits, 1);
-                                    assert_int_equal(pl.sk_tiles, t);
-                                    assert_in_range(pl.sk_blocks, st.sm_count, slots);
-                                    assert_true(t * (K / 64) >= (long long)pl.sk_blocks * st.profile->rows64_sk_min_kt);
-                                    assert_true(w4a16_workspace_counters_bytes(st.sm_count) +
-                                                    2 * (size_t)pl.sk_blocks * 64 * 256 * sizeof(float) <=
-                                                ws_bytes(ws, st.sm_count, N, K));
-                                    assert_true(t <=
-                                                (long long)(w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int)));
+                                    assert_true(!mid32);
+                                    check_sk_plan(&st, &pl, t, slots, 64, 256, st.profile->rows64_sk_min_kt, N, K, ws);
                                     assert_false(t * 100 >= slots * st.profile->rows64_min_fill &&
                                                  t * 100 >= (t + slots - 1) / slots * slots *
                                                                 st.profile->rows64_min_wave_fill);
@@ -426,20 +427,10 @@ static void test_plan_invariants(void **state) {
                                      * under rows32_sk_wave_fill percent of them: stream-K over its slots, at least
                                      * one block per SM, each at least rows32_sk_min_kt k-tiles, the workspace holding
                                      * two partial 32 x 128 tiles per block and a counter per tile */
-                                    assert_true(mid32 && ws > 0 && st.profile->rows32_sk_min_kt > 0);
-                                    assert_true(K <= st.profile->rows32_max_k);
-                                    assert_true(t > slots);
+                                    assert_true(mid32 && K <= st.profile->rows32_max_k && t > slots);
                                     assert_true(t * 100 <
                                                 (t + slots - 1) / slots * slots * st.profile->rows32_sk_wave_fill);
-                                    assert_int_equal(pl.splits, 1);
-                                    assert_int_equal(pl.sk_tiles, t);
-                                    assert_in_range(pl.sk_blocks, st.sm_count, slots);
-                                    assert_true(t * (K / 64) >= (long long)pl.sk_blocks * st.profile->rows32_sk_min_kt);
-                                    assert_true(w4a16_workspace_counters_bytes(st.sm_count) +
-                                                    2 * (size_t)pl.sk_blocks * 32 * 128 * sizeof(float) <=
-                                                ws_bytes(ws, st.sm_count, N, K));
-                                    assert_true(t <=
-                                                (long long)(w4a16_workspace_counters_bytes(st.sm_count) / sizeof(int)));
+                                    check_sk_plan(&st, &pl, t, slots, 32, 128, st.profile->rows32_sk_min_kt, N, K, ws);
                                 } else {
                                     /* short K; mid2 M in one wave at most, mid32 M filling half a wave at least, and
                                      * the AWQ layout from the mid32 regime on in one wave */
@@ -495,6 +486,26 @@ static void test_plan_invariants(void **state) {
     for (int i = 0; i < 3; i++) assert_true(ws_plans_checked[i] > 0);
 }
 
+/* A fp16 call planned on a described device (under `forced`, if given) with the small workspace, printed;
+ * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32) switched off, to check the dense kernels' plans. */
+static w4a16_plan plan_on(const plan_device *d, const char *forced, int layout, int M, int N, int K, int dense_only) {
+    w4a16_device_state st = device_state(d);
+    if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
+    w4a16_profile dense;
+    if (dense_only) {
+        dense = *st.profile;
+        dense.rows64_min_fill = dense.rows32_max_k = 0;
+        st.profile = &dense;
+    }
+    w4a16_plan pl;
+    assert_int_equal(w4a16_plan_gemm(&st, layout, 0, M, N, K, w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
+                     W4A16_OK);
+    char text[256];
+    w4a16_plan_text(&pl, text, sizeof text);
+    print_message("  %-13s %s M=%d N=%d K=%d: %s\n", d->name, layout ? "marlin" : "awq", M, N, K, text);
+    return pl;
+}
+
 /* By hand (configs.h, profiles.c): llama3-8b.qkv (K = 4096, N = 6144) at M = 1 (and 16), AWQ fp16, small workspace.
  * The 128-k decode tile (64 x 2 channels, 4 warps) makes 48 tiles; 3 stages of 15616 bytes = 46848 bytes, so two
  * blocks fit a 100 KB SM (2 x 47872 <= 102400) and four fit the H100's 228 KB (the config allows 4). Splits: slots /
@@ -521,16 +532,8 @@ static void test_hand_checked(void **state) {
         {"H100", "sm90", 132, 232448, 1, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 0};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, c[i].M, 6144, 4096,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s M=%d: %s\n", c[i].name, c[i].M, text);
+        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 0};
+        const w4a16_plan pl = plan_on(&d, c[i].forced, W4A16_LAYOUT_AWQ, c[i].M, 6144, 4096, 0);
         assert_int_equal(pl.kind, c[i].kind);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.splits, c[i].splits);
@@ -599,27 +602,11 @@ static void test_forced_profile_while_planning(void **state) {
     assert_true(plans[0] > 0 && plans[1] > 0);
 }
 
-/* A Marlin fp16 call with the small workspace planned on a described device (under `forced`, if given), printed;
- * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32) switched off, to check the dense kernels' plans. */
+/* A Marlin call as plan_on, on a device described by its fields (no warp-specialised image). */
 static w4a16_plan plan_marlin_on_(const char *name, const char *profile, int sms, int smem_block, int wgmma,
                                   const char *forced, int M, int N, int K, int dense_only) {
-    plan_device d = {name, profile, sms, smem_block, wgmma, 0};
-    w4a16_device_state st = device_state(&d);
-    if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
-    w4a16_profile dense;
-    if (dense_only) {
-        dense = *st.profile;
-        dense.rows64_min_fill = dense.rows32_max_k = 0;
-        st.profile = &dense;
-    }
-    w4a16_plan pl;
-    assert_int_equal(
-        w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, M, N, K, w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-        W4A16_OK);
-    char text[256];
-    w4a16_plan_text(&pl, text, sizeof text);
-    print_message("  %-13s M=%d N=%d: %s\n", name, M, N, text);
-    return pl;
+    const plan_device d = {name, profile, sms, smem_block, wgmma, 0};
+    return plan_on(&d, forced, W4A16_LAYOUT_MARLIN, M, N, K, dense_only);
 }
 static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms, int smem_block, int wgmma,
                                  const char *forced, int M, int N, int K) {
@@ -922,16 +909,8 @@ static void test_hand_checked_rows128(void **state) {
         assert_int_equal(pl.sk_blocks, 0);
     }
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s M=%d N=%d: %s\n", c[i].name, c[i].M, c[i].N, text);
+        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
+        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, c[i].kind);
         if (c[i].kind == MMA || c[i].kind == DEC8 || c[i].kind == DEC16 || c[i].kind == R32) continue;
         assert_int_equal(pl.grid[0], c[i].grid0);
@@ -993,17 +972,8 @@ static void test_hand_checked_rows16(void **state) {
         {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 16, 4096, 14336, R16, 64, 2, 3},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s %s M=%d N=%d K=%d: %s\n", c[i].name, c[i].layout ? "marlin" : "awq", c[i].M, c[i].N,
-                      c[i].K, text);
+        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
+        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, c[i].kind);
         if (c[i].kind == DEC8 || c[i].kind == DEC16) continue;
         assert_int_equal(pl.grid[0], (c[i].M + 15) / 16);
@@ -1040,16 +1010,8 @@ static void test_hand_checked_rows32_sk(void **state) {
         {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 32, 102400, 5120, 800, 396},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
-        w4a16_device_state st = device_state(&d);
-        if (c[i].forced) w4a16_use_profile(&st, w4a16_find_profile(c[i].forced), 1);
-        w4a16_plan pl;
-        assert_int_equal(w4a16_plan_gemm(&st, c[i].layout, 0, c[i].M, c[i].N, c[i].K,
-                                         w4a16_workspace_bytes_for(st.sm_count), "test", &pl),
-                         W4A16_OK);
-        char text[256];
-        w4a16_plan_text(&pl, text, sizeof text);
-        print_message("  %-13s M=%d N=%d K=%d: %s\n", c[i].name, c[i].M, c[i].N, c[i].K, text);
+        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
+        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
         assert_int_equal(pl.grid[0] * pl.grid[1], c[i].tiles);
         assert_int_equal(pl.sk_blocks, c[i].sk);
