@@ -34,6 +34,16 @@ static int quick; /* W4A16_TEST_QUICK=1 (make sanitize): small shapes only, so t
 enum { PATH_AWQ = 0, PATH_MARLIN = 1 };
 static const char *path_name[] = {"awq", "marlin"};
 
+/* One GEMM through `path` on layer L's tensors of that layout (its group size). */
+static w4a16_status layer_gemm(int path, const gpu_layer *L, const void *A, const void *bias, void *C, int M, void *ws,
+                               size_t ws_bytes, unsigned flags, void *stream) {
+    if (path == PATH_AWQ)
+        return w4a16_awq_gemm_ex(A, L->qweight, L->scales, L->qzeros, bias, C, M, L->N, L->K, L->G, L->dt, ws, ws_bytes,
+                                 flags, stream);
+    return w4a16_marlin_gemm_ex(A, L->mweight, L->mscales, L->mzeros, bias, C, M, L->N, L->K, L->G, L->dt, ws, ws_bytes,
+                                flags, stream);
+}
+
 static double tolerance(w4a16_dtype dt) { return dt == W4A16_BF16 ? 2e-2 : 1e-2; }
 
 #define REQUIRE_GPU() GPU_TEST_REQUIRE(have_gpu, skip_reason)
@@ -58,25 +68,14 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
     float *ref = gpu_alloc(nC * 4);
     GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
     cublas_gemm(blas, A, L->dense, ref, M, N, K, dt, CUDA_R_32F);
-    w4a16_status s;
-    if (path == PATH_AWQ)
-        s = w4a16_awq_gemm(A, L->qweight, L->scales, L->qzeros, bias, C, M, N, K, L->G, dt,
-                           use_ws == 2 ? ws_other
-                           : use_ws    ? workspace
-                                       : NULL,
-                           use_ws == 2 ? ws_other_bytes
-                           : use_ws    ? workspace_bytes
-                                       : 0,
-                           NULL);
-    else
-        s = w4a16_marlin_gemm(A, L->mweight, L->mscales, L->mzeros, bias, C, M, N, K, L->G, dt,
-                              use_ws == 2 ? ws_other
-                              : use_ws    ? workspace
-                                          : NULL,
-                              use_ws == 2 ? ws_other_bytes
-                              : use_ws    ? workspace_bytes
-                                          : 0,
-                              NULL);
+    const w4a16_status s = layer_gemm(path, L, A, bias, C, M,
+                                      use_ws == 2 ? ws_other
+                                      : use_ws    ? workspace
+                                                  : NULL,
+                                      use_ws == 2 ? ws_other_bytes
+                                      : use_ws    ? workspace_bytes
+                                                  : 0,
+                                      0, NULL);
     if (s != W4A16_OK)
         fail_msg("%s M=%d K=%d N=%d: %s: %s", path_name[path], M, K, N, w4a16_status_string(s),
                  w4a16_last_error_message());
@@ -121,6 +120,22 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
 
 static const w4a16_dtype dtypes[] = {W4A16_FP16, W4A16_BF16};
 static const int groups[] = {32, 64, 128, -1};
+
+/* Both paths on M x N x K for both dtypes and every group size (G = 128 as symmetric GPTQ weights: the Marlin path
+ * only), bias on alternate paths and groups, with the workspace, against cuBLAS; combination (dtype d, group g) left
+ * out where bit 4d + g of skip is set (quick runs); no_ws: also the Marlin path without a workspace at G = 64. */
+static void check_all_groups(int M, int N, int K, unsigned skip, int no_ws, stats *st) {
+    for (int d = 0; d < 2; d++)
+        for (int g = 0; g < 4; g++) {
+            if (skip >> (4 * d + g) & 1u) continue;
+            gpu_layer L;
+            gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed);
+            if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, st);
+            check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, st);
+            if (no_ws && g == 1) check_gemm(PATH_MARLIN, &L, M, 0, 0, st); /* no workspace: unsplit */
+            gpu_layer_free(&L);
+        }
+}
 
 /* The full M list on small odd shapes and one real shape, every G, both dtypes, both paths. */
 static void test_gemm_m_sweep(void **state) {
@@ -566,11 +581,14 @@ static void test_rows_tiles(void **state) {
                   {"rows-64", "rows-128", 500, 256 * (sm_count * 3 / 10), quick ? 1024 : 4096, 1},
                   /* 3 x (SMs / 4 + 1) tiles of 128 rows, the last row tile 44 rows, the last channel tile half one */
                   {"rows-64", "rows-128", 300, 256 * (sm_count / 4) + 128, quick ? 2048 : 4096, 1},
-                  /* 8 x 4 rows-128 tiles make too few stream-K blocks: ws-64 where it runs */
-                  {"rows-32", "ws-64", 200, 1024, quick ? 1280 : 4096, 1},
+                  /* 8 x 4 rows-128 tiles make too few stream-K blocks: ws-64 where it runs (K at least 2560: below,
+                   * rows-32 with K splits takes it) */
+                  {"rows-32", "ws-64", 200, 1024, quick ? 2560 : 4096, 1},
                   {"rows-32", NULL, 24, 128 * ((3 * sm_count + 1) / 2), quick ? 256 : 1024, 0},
-                  /* 1.25 waves of its three slots per SM: stream-K over the slots (blocks spanning tiles) */
+                  /* 1.25 waves of its three slots per SM: stream-K over the slots (blocks spanning tiles); again
+                   * with a partial row tile and the last channel tile half one */
                   {"rows-32", NULL, 32, 128 * (3 * sm_count * 5 / 4), quick ? 512 : 1024, 1},
+                  {"rows-32", NULL, 24, 128 * (3 * sm_count * 5 / 4) + 64, quick ? 512 : 1024, 1},
                   /* M 17-32 where no rows-32 plan runs (K past rows32_max_k): ws-32, stream-K (0.25 tiles per SM, 32
                    * k-tiles a block), and whole tiles (one per SM) */
                   {"mma.sync", "ws-32", 24, 256 * (sm_count / 4), 8320, 1},
@@ -601,15 +619,7 @@ static void test_rows_tiles(void **state) {
             if (wk && strcmp(wk, "ws-64") == 0) planned_ws64 += a_ws + m_ws;
             if (wk && strcmp(wk, "ws-32") == 0) planned_ws32 += a_ws + m_ws;
             stats st = {0};
-            for (int d = 0; d < 2; d++)
-                for (int g = 0; g < 4; g++) {
-                    if (quick && g % 2) continue;
-                    gpu_layer L;
-                    gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed); /* G = 128: symmetric GPTQ */
-                    if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, &st);
-                    check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, &st);
-                    gpu_layer_free(&L);
-                }
+            check_all_groups(M, N, K, quick ? 0xAAu : 0u, 0, &st); /* quick: G = 64 and -1 left out */
             char what[64];
             snprintf(what, sizeof what, "%s / %s under profile %s", a_ws ? wk : shapes[sh].kernel,
                      m_ws ? wk : shapes[sh].kernel, names[p]);
@@ -665,16 +675,8 @@ static void test_rows16_tiles(void **state) {
                 if (sh == 0 && pm.splits < 2) fail_msg("profile %s: %s did not split K", names[p], pm.text);
                 planned++;
                 stats st = {0};
-                for (int d = 0; d < 2; d++)
-                    for (int g = 0; g < 4; g++) {
-                        if (quick && (g + d + mi) % 2) continue;
-                        gpu_layer L;
-                        gpu_layer_make(&L, K, N, groups[g], dtypes[d], g == 2, 1, &seed); /* G = 128: symmetric GPTQ */
-                        if (!L.gptq) check_gemm(PATH_AWQ, &L, M, g % 2, 1, &st);
-                        check_gemm(PATH_MARLIN, &L, M, !(g % 2), 1, &st);
-                        if (g == 1) check_gemm(PATH_MARLIN, &L, M, 0, 0, &st); /* no workspace: unsplit */
-                        gpu_layer_free(&L);
-                    }
+                /* quick: half the (dtype, group) pairs, alternating with M */
+                check_all_groups(M, N, K, quick ? (mi % 2 ? 0xA5u : 0x5Au) : 0u, 1, &st);
                 char what[96];
                 snprintf(what, sizeof what, "%s / %s at M = %d under profile %s", pa.kernel, pm.kernel, M, names[p]);
                 stats_print(what, &st);
@@ -684,10 +686,11 @@ static void test_rows16_tiles(void **state) {
     if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
 }
 
-/* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu) without cuBLAS, so that make
- * sanitize's racecheck and synccheck (tests *selfref*) cover their mbarrier pipeline and stream-K handshake: each call
- * against the same call under the sm86 profile (which never plans them, and fits every GPU: its tiles are checked
- * against cuBLAS above), under the sm120 profile and the GPU's own. Outputs poisoned, every element written, two runs
+/* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu) and the MoE kernel's rows-32 stream-K
+ * without cuBLAS, so that make sanitize's racecheck and synccheck (tests *selfref*) cover their mbarrier pipeline and
+ * stream-K handshakes: each call against the same call under the sm86 profile (which fits every GPU and never plans the
+ * warp-specialised tiles; its rows-32 plan is checked against cuBLAS in test_rows_tiles), under the sm120 profile and
+ * the GPU's own. Outputs poisoned, every element written, two runs
  * bit-identical (the stream-K parts are added in block order); whole tiles, stream-K within a tile and across tiles,
  * partial row and channel tiles, both layouts. */
 static void test_selfref_ws_tiles(void **state) {
@@ -710,9 +713,11 @@ static void test_selfref_ws_tiles(void **state) {
         {"rows-128", 1, 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
         /* 2.5 tiles per block: a partial, a whole and a partial segment in most blocks (seg_done's second phase) */
         {"rows-128", 1, 200, 256 * (sm_count * 5 / 4), 512},
+        /* the MoE kernel's 32-row tile with stream-K (1.25 waves of its slots), a partial row and channel tile */
+        {"rows-32", 1, 24, 128 * (3 * sm_count * 5 / 4) + 64, 512},
     };
     const char *profiles[] = {"sm120", NULL};
-    int ran[3] = {0}; /* ws-32, ws-64, rows-128 */
+    int ran[4] = {0}; /* ws-32, ws-64, rows-128, rows-32 */
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
@@ -732,23 +737,21 @@ static void test_selfref_ws_tiles(void **state) {
                         if (run == 1) {
                             W4_CHECK(w4a16_gemm_plan(path == PATH_MARLIN, M, N, K, 128, dt, workspace_bytes, &pi));
                             /* the sm120 profile plans the shape's tile and split in the Marlin layout, and in the
-                             * AWQ layout wherever it plans a warp-specialised tile (it keeps rows-32 at M = 48 where
-                             * those tiles fit a wave); the GPU's own profile may plan another */
-                            const int ws_kind = strncmp(pi.kernel, "ws-", 3) == 0 || strcmp(pi.kernel, "rows-128") == 0;
-                            if (pr == 0 && (path == PATH_MARLIN || ws_kind) &&
+                             * AWQ layout wherever it plans a warp-specialised tile (it keeps rows-32 with K splits at
+                             * M = 48 where those tiles fit a wave: not checked here); the GPU's own profile may plan
+                             * another */
+                            const int checked =
+                                strncmp(pi.kernel, "ws-", 3) == 0 || strcmp(pi.kernel, "rows-128") == 0 ||
+                                (strcmp(pi.kernel, "rows-32") == 0 && strcmp(shapes[sh].kernel, "rows-32") == 0);
+                            if (pr == 0 && (path == PATH_MARLIN || checked) &&
                                 (strcmp(pi.kernel, shapes[sh].kernel) != 0 ||
                                  (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk))
                                 fail_msg("sm120 M=%d N=%d K=%d: expected %s%s, planned %s", M, N, K, shapes[sh].kernel,
                                          shapes[sh].sk ? " with stream-K" : " in whole tiles", pi.text);
-                            if (!ws_kind) break;
+                            if (!checked) break;
                         }
                         GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
-                        if (path == PATH_AWQ)
-                            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, M, N, K, 128, dt,
-                                                    workspace, workspace_bytes, NULL));
-                        else
-                            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, N, K, 128, dt,
-                                                       workspace, workspace_bytes, NULL));
+                        W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, workspace, workspace_bytes, 0, NULL));
                         GPU_CHECK(cudaMemcpy(outs[run], C, nC * 2, cudaMemcpyDeviceToHost));
                         if (run == 2) {
                             double num = 0, den = 0;
@@ -764,7 +767,10 @@ static void test_selfref_ws_tiles(void **state) {
                                    profiles[pr] ? profiles[pr] : "own", sqrt(num / den));
                             if (!(sqrt(num / den) < tolerance(dt))) fail_msg("%s: too far from sm86's plan", pi.kernel);
                             if (memcmp(h1, h2, nC * 2) != 0) fail_msg("%s: two runs differ", pi.kernel);
-                            ran[strcmp(pi.kernel, "ws-32") == 0 ? 0 : strcmp(pi.kernel, "ws-64") == 0 ? 1 : 2]++;
+                            ran[strcmp(pi.kernel, "ws-32") == 0     ? 0
+                                : strcmp(pi.kernel, "ws-64") == 0   ? 1
+                                : strcmp(pi.kernel, "rows-32") == 0 ? 3
+                                                                    : 2]++;
                         }
                     }
                 }
@@ -778,9 +784,9 @@ static void test_selfref_ws_tiles(void **state) {
             gpu_layer_free(&L);
         }
     }
-    printf("  warp-specialised calls checked: ws-32 %d, ws-64 %d, rows-128 %d\n", ran[0], ran[1], ran[2]);
-    for (int i = 0; i < 3; i++)
-        if (ran[i] == 0) fail_msg("a warp-specialised tile never ran (ws-32, ws-64, rows-128: %d)", i);
+    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d\n", ran[0], ran[1], ran[2], ran[3]);
+    for (int i = 0; i < 4; i++)
+        if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32: %d)", i);
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
@@ -858,12 +864,7 @@ static void test_large_mk(void **state) {
     GPU_CHECK(cudaMemcpy(href, ref, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
     for (int path = 0; path < 2; path++) {
         GPU_CHECK(cudaMemset(C, 0xFF, (size_t)M * N * 2));
-        if (path == PATH_AWQ)
-            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C, M, N, K, 128, W4A16_FP16, workspace,
-                                    workspace_bytes, NULL));
-        else
-            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, N, K, 128, W4A16_FP16, workspace,
-                                       workspace_bytes, NULL));
+        W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, workspace, workspace_bytes, 0, NULL));
         GPU_CHECK(cudaMemcpy(hC, C, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
         double num = 0, den = 0, tail_num = 0, tail_den = 0;
         for (size_t i = 0; i < (size_t)M * N; i++) {
@@ -1068,13 +1069,8 @@ static void test_reduce_in_dtype(void **state) {
             for (int path = 0; path < 2; path++)
                 for (int rep = 0; rep < 2; rep++) {
                     GPU_CHECK(cudaMemset(C, 0xFF, (size_t)2 * M * 1024));
-                    if (path == PATH_AWQ)
-                        W4_CHECK(w4a16_awq_gemm_ex(A, L.qweight, L.scales, L.qzeros, NULL, C, M, 1024, 8192, 128, dt,
-                                                   workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE, NULL));
-                    else
-                        W4_CHECK(w4a16_marlin_gemm_ex(A, L.mweight, L.mscales, L.mzeros, NULL, C, M, 1024, 8192, 128,
-                                                      dt, workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE,
-                                                      NULL));
+                    W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, workspace, workspace_bytes, W4A16_FLAG_REDUCE_IN_DTYPE,
+                                        NULL));
                     GPU_CHECK(cudaMemcpy(rep ? h2 : h1, C, (size_t)2 * M * 1024, cudaMemcpyDeviceToHost));
                 }
             assert_memory_equal(h1, h2, (size_t)2 * M * 1024); /* deterministic */
@@ -1141,12 +1137,8 @@ static void test_selfref_pdl_chain(void **state) {
                         const gpu_layer *l = &L[i % 2];
                         const void *A = (char *)C + (i - 1) * bytes;
                         void *Ci = (char *)C + i * bytes;
-                        if (i % 2)
-                            W4_CHECK(w4a16_awq_gemm_ex(A, l->qweight, l->scales, l->qzeros, NULL, Ci, M, N, K, 128, dt,
-                                                       workspace, workspace_bytes, flags, st));
-                        else
-                            W4_CHECK(w4a16_marlin_gemm_ex(A, l->mweight, l->mscales, l->mzeros, NULL, Ci, M, N, K, 128,
-                                                          dt, workspace, workspace_bytes, flags, st));
+                        W4_CHECK(layer_gemm(i % 2 ? PATH_AWQ : PATH_MARLIN, l, A, NULL, Ci, M, workspace,
+                                            workspace_bytes, flags, st));
                     }
                     if (run == 3) {
                         GPU_CHECK(cudaStreamEndCapture(st, &graph));
