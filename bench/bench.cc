@@ -33,7 +33,7 @@ struct Options {
     int group = 128;
     // Sweeps of the whole case list; each case keeps its lowest time. A pass's disturbance lasts milliseconds and
     // sometimes spans both passes of one case (three make bench runs on one H100 each had 1-4 decode cases at
-    // 1.3-4.7x their time in the other runs, a different case each time); sweeps a minute apart do not share one.
+    // 1.3-4.7x their time in the other runs, a different case each time); sweeps minutes apart do not share one.
     int sweeps = 2;
     std::vector<int> ms;
     std::string layers, json = "build/bench_results.json";
