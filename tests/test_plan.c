@@ -514,26 +514,25 @@ static w4a16_plan plan_on(const plan_device *d, const char *forced, int layout, 
 static void test_hand_checked(void **state) {
     (void)state;
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma;
+        plan_device d;
         const char *forced;
         int M, kind, cfg, splits, bps;
     } c[] = {
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},     /* 340 / 48 */
-        {"RTX PRO 6000", "sm120", 188, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2}, /* 376 / 48 */
-        {"GB10", "sm121", 48, 101376, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},          /* 96 / 48 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2}, /* 264 */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 7, 2},
-        {"GB10", "sm121", 48, 101376, 0, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 2, 2},
+        /* slots / tiles: 340 / 48, 376 / 48, 96 / 48, 264 / 48 */
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 0}, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 7, 2},
+        {{"GB10", "sm121", 48, 101376, 0, 0}, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 2, 2},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE, 5, 2},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 7, 2},
+        {{"GB10", "sm121", 48, 101376, 0, 0}, NULL, 16, W4A16_KERNEL_DECODE16, W4A16_CFG_DECODE, 2, 2},
         /* A100: the deep decode tile (2 stages of 31232 bytes: 2 blocks per 164 KB SM; 256 k: 16 k-tiles, at least 4
          * each): 216 slots / 48 = 4 */
-        {"A100", "sm80", 108, 166912, 0, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
         /* H100: the deep decode tile with 3 stages (93696 bytes: 2 per SM), 264 slots / 48 = 5, 16 k-tiles / 4 = 4 */
-        {"H100", "sm90", 132, 232448, 1, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
+        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 1, W4A16_KERNEL_DECODE8, W4A16_CFG_DECODE_DEEP, 4, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 0};
-        const w4a16_plan pl = plan_on(&d, c[i].forced, W4A16_LAYOUT_AWQ, c[i].M, 6144, 4096, 0);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, W4A16_LAYOUT_AWQ, c[i].M, 6144, 4096, 0);
         assert_int_equal(pl.kind, c[i].kind);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.splits, c[i].splits);
@@ -602,54 +601,71 @@ static void test_forced_profile_while_planning(void **state) {
     assert_true(plans[0] > 0 && plans[1] > 0);
 }
 
-/* A Marlin call as plan_on, on a device described by its fields (no warp-specialised image). */
-static w4a16_plan plan_marlin_on_(const char *name, const char *profile, int sms, int smem_block, int wgmma,
-                                  const char *forced, int M, int N, int K, int dense_only) {
-    const plan_device d = {name, profile, sms, smem_block, wgmma, 0};
-    return plan_on(&d, forced, W4A16_LAYOUT_MARLIN, M, N, K, dense_only);
-}
-static w4a16_plan plan_marlin_on(const char *name, const char *profile, int sms, int smem_block, int wgmma,
-                                 const char *forced, int M, int N, int K) {
-    return plan_marlin_on_(name, profile, sms, smem_block, wgmma, forced, M, N, K, 0);
-}
-
 /* By hand: stream-K plans of the mma.sync tile kernel (configs.h, profiles.c, plan.c), Marlin fp16, small workspace,
  * the MoE-tile plans off (most of these shapes run rows-64 with stream-K now: test_hand_checked_rows).
  * Stage bytes: A BM x BK x 2 + weights (BK / 16) x 2 BN x 4 + scales (BK / 32) x BN x 2 + zeros (BK / 32) x BN / 2. */
 static void test_hand_checked_stream_k(void **state) {
     (void)state;
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma;
+        plan_device d;
         const char *forced;
         int M, N, K, cfg, stages, smem, sk_blocks, sk_tiles, grid;
     } c[] = {
         /* M 65-256 on sm120: the 128 x 256 tile (3 x 25856 bytes: one per 100 KB SM) since its 1 x 112 tiles x 64
          * k-tiles = 7168 >= 40 k-tiles x 170 slots; 112 tiles fill 66% of the 170 slots: all share them */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, W4A16_CFG_LARGE_MARLIN, 3, 77568, 170, 112, 170},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0},
+         NULL,
+         128,
+         28672,
+         4096,
+         W4A16_CFG_LARGE_MARLIN,
+         3,
+         77568,
+         170,
+         112,
+         170},
         /* M 17-32 on sm120: the 32 x 256 tile (3 x 13568 bytes, one block per SM by its register budget); 24 tiles are
          * under half of 132 slots: each split 5 ways (132 / 24), no block straddles two */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, W4A16_CFG_WIDE32, 3, 40704, 120, 24, 120},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0},
+         "sm120",
+         32,
+         6144,
+         4096,
+         W4A16_CFG_WIDE32,
+         3,
+         40704,
+         120,
+         24,
+         120},
         /* M 33-64 on sm120: the 64 x 128 tile (3 x 25856 bytes) splits K among its warps, so its tiles never share
          * K among blocks; 48 tiles are under half of 132 slots: each split 2 ways (132 / 48) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 6144, 4096, W4A16_CFG_MID, 3, 77568, 96, 48, 96},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 64, 6144, 4096, W4A16_CFG_MID, 3, 77568, 96, 48, 96},
         /* ... but 80 of them would fill 61% of the slots with no split: the 64 x 256 tile (4 x 17664 bytes), whose 40
          * tiles split 3 ways (132 / 40) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 10240, 8192, W4A16_CFG_WIDE64, 4, 70656, 120, 40, 120},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0},
+         "sm120",
+         64,
+         10240,
+         8192,
+         W4A16_CFG_WIDE64,
+         4,
+         70656,
+         120,
+         40,
+         120},
         /* M > 256 on sm80: the 128 x 256 tile with 4 stages (103424 bytes: one per 164 KB SM); 4 x 8 = 32 tiles are
          * under half of the 108 slots (and too few for the 64-row tile: 8 x 8 = 64 < 85% of 2 x 108): each split 3
          * ways (108 / 32) */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 2048, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 96, 32, 96},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 512, 2048, 8192, W4A16_CFG_LARGE_MARLIN, 4, 103424, 96, 32, 96},
         /* the 164 KB profiles take the 100 KB parts' tiles from M = 17 (v27): M 17-32 the 32 x 256 tile (not two
          * 16-row decode tiles), 16 tiles split 6 ways (108 / 16) ... */
-        {"A100", "sm80", 108, 166912, 0, NULL, 32, 4096, 4096, W4A16_CFG_WIDE32, 3, 40704, 96, 16, 96},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 32, 4096, 4096, W4A16_CFG_WIDE32, 3, 40704, 96, 16, 96},
         /* ... M 65-256 the 64 x 256 tile with stream-K (not the 64 x 128 one, which splits K in the block: 64 tiles
          * on 108 SMs, none shared), 2 x 16 tiles split 3 ways (108 / 32) */
-        {"A100", "sm80", 108, 166912, 0, NULL, 128, 4096, 14336, W4A16_CFG_WIDE64, 4, 70656, 96, 32, 96},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 128, 4096, 14336, W4A16_CFG_WIDE64, 4, 70656, 96, 32, 96},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const w4a16_plan pl = plan_marlin_on_(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
-                                              c[i].forced, c[i].M, c[i].N, c[i].K, 1);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, W4A16_LAYOUT_MARLIN, c[i].M, c[i].N, c[i].K, 1);
         assert_int_equal(pl.kind, W4A16_KERNEL_MMA);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.stages, c[i].stages);
@@ -678,7 +694,8 @@ static void test_hand_checked_wgmma_t64(void **state) {
         {192, 28672, 1536, W4A16_WGMMA_T256, 1, 1}, {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const w4a16_plan pl = plan_marlin_on("H100", "sm90", 132, 232448, 1, NULL, c[i].M, c[i].N, c[i].K);
+        const plan_device h100 = {"H100", "sm90", 132, 232448, 1, 0};
+        const w4a16_plan pl = plan_on(&h100, NULL, W4A16_LAYOUT_MARLIN, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, W4A16_KERNEL_WGMMA);
         assert_int_equal(pl.cfg, c[i].cfg);
         assert_int_equal(pl.splits, c[i].splits);
@@ -745,52 +762,50 @@ static void test_moe_stages(void **state) {
 static void test_hand_checked_rows(void **state) {
     (void)state;
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma;
+        plan_device d;
         const char *forced;
         int M, N, K, rows, stages, smem, per_sm, splits, sk; /* sk: stream-K blocks (0: whole tiles) */
     } c[] = {
         /* 8 x 40 = 320 tiles >= 0.85 x 216: whole tiles */
-        {"A100", "sm80", 108, 166912, 0, NULL, 512, 10240, 8192, 64, 3, 52992, 2, 1, 0},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 512, 10240, 8192, 64, 3, 52992, 2, 1, 0},
         /* 16 x 16 = 256 tiles >= 0.85 x 264 on 132 SMs ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2, 1, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 1024, 4096, 14336, 64, 2, 35328, 2, 1, 0},
         /* ... < 0.85 x 340 on 170: stream-K, one block per slot (256 x 224 k-tiles: 168 a block) */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 1024, 4096, 14336, 64, 2, 35328, 2, 1, 340},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 1024, 4096, 14336, 64, 2, 35328, 2, 1, 340},
         /* 64 x 16 = 1024 tiles: 4 waves of 340, 75% used */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 4096, 4096, 14336, 64, 2, 35328, 2, 1, 0},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 4096, 4096, 14336, 64, 2, 35328, 2, 1, 0},
         /* 2 x 112 = 224 < 0.85 x 340, and 4 x 224 = 896 32-row tiles > 3 x 170: stream-K */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 128, 28672, 4096, 64, 2, 35328, 2, 1, 340},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 128, 28672, 4096, 64, 2, 35328, 2, 1, 340},
         /* 8 x 40 = 320 tiles on 264 slots: two waves, 61% of them used: stream-K */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 512, 10240, 8192, 64, 2, 35328, 2, 1, 264},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 512, 10240, 8192, 64, 2, 35328, 2, 1, 264},
         /* 16 x 40 = 640: three waves, 81% */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2, 1, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 1024, 10240, 8192, 64, 2, 35328, 2, 1, 0},
         /* 4 x 32 = 128 32-row tiles <= 3 x 132, under half of them: K split 3 ways (396 / 128; 64 k-tiles), which keeps
          * the 32-row tile */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 4096, 32, 3, 32768, 3, 3, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 128, 4096, 4096, 32, 3, 32768, 3, 3, 0},
         /* the same tiles, K past 8192: no 32-row plan; 2 x 16 = 32 64-row tiles x 224 k-tiles, stream-K */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 128, 4096, 14336, 64, 2, 35328, 2, 1, 264},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 128, 4096, 14336, 64, 2, 35328, 2, 1, 264},
         /* 8 x 48 = 384 32-row tiles <= 3 x 170 would not split: 4 x 24 = 96 64-row tiles x 64 k-tiles, stream-K over
          * 340 blocks (18 k-tiles each) */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 256, 6144, 4096, 64, 2, 35328, 2, 1, 340},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 256, 6144, 4096, 64, 2, 35328, 2, 1, 340},
         /* 8 x 80 = 640 > 3 x 132: 4 x 40 = 160 64-row tiles, stream-K */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 256, 10240, 8192, 64, 2, 35328, 2, 1, 264},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 256, 10240, 8192, 64, 2, 35328, 2, 1, 264},
         /* M 17-32: 1 x 224 = 224 >= 3 x 132 / 2 ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1, 0},
         /* ... 1 x 48 = 48 are not */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1, 0},
         /* 1 x 112 tiles x 64 k-tiles: stream-K over 264 slots (27 k-tiles each) ... */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 1, 264},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 1, 264},
         /* ... or 340 (21 each) */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, 64, 28672, 4096, 64, 2, 35328, 2, 1, 340},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 64, 28672, 4096, 64, 2, 35328, 2, 1, 340},
         /* 1 x 24 tiles x 64 k-tiles make 96 blocks of 16, fewer than the SMs: no rows-64 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", 64, 6144, 4096, 0, 0, 0, 0, 1, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 64, 6144, 4096, 0, 0, 0, 0, 1, 0},
         /* the H100's own profile runs wgmma there */
-        {"H100", "sm90", 132, 232448, 1, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1, 0},
-        {"H100", "sm90", 132, 232448, 1, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1, 0},
+        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 4096, 4096, 14336, 0, 0, 0, 0, 1, 0},
+        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 128, 4096, 4096, 0, 0, 0, 0, 1, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const w4a16_plan pl = plan_marlin_on(c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma,
-                                             c[i].forced, c[i].M, c[i].N, c[i].K);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, W4A16_LAYOUT_MARLIN, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(W4A16_KERNEL_ROWS(pl.kind), c[i].rows);
         if (!c[i].rows) continue;
         assert_int_equal(pl.stages, c[i].stages);
@@ -848,53 +863,79 @@ static void test_hand_checked_rows128(void **state) {
         DEC16 = W4A16_KERNEL_DECODE16
     };
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma, ws;
+        plan_device d;
         const char *forced;
         int layout, M, N, K, kind, grid0, grid1, sk; /* sk: stream-K blocks (0: whole tiles) */
     } c[] = {
         /* 32 x 112 = 3584 tiles on 132 SMs: 28 waves, 97% used: whole tiles */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R128, 32, 112, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1},
+         "sm120",
+         W4A16_LAYOUT_MARLIN,
+         4096,
+         28672,
+         4096,
+         R128,
+         32,
+         112,
+         0},
         /* 8 x 24 = 192 tiles: two waves, 73% used (rows-64's 70% would keep whole tiles): stream-K over 132 blocks */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 1024, 6144, 4096, R128, 8, 24, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1},
+         "sm120",
+         W4A16_LAYOUT_MARLIN,
+         1024,
+         6144,
+         4096,
+         R128,
+         8,
+         24,
+         132},
         /* 4 x 16 = 64 tiles under 85% of 170: stream-K over 170 */
-        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 512, 4096, 14336, R128, 4, 16, 170},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 512, 4096, 14336, R128, 4, 16, 170},
         /* 1 x 16 tiles of 128 rows at M = 65 (30 k-tiles of 64 each on 48 SMs: stream-K) */
-        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 65, 4096, 8192, R128, 1, 16, 48},
+        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 65, 4096, 8192, R128, 1, 16, 48},
         /* M = 64: rows-64 would share 112 tiles x 64 k-tiles among 264 slots; ws-64 shares them among 132 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 28672, 4096, WS64, 1, 112, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1},
+         "sm120",
+         W4A16_LAYOUT_MARLIN,
+         64,
+         28672,
+         4096,
+         WS64,
+         1,
+         112,
+         132},
         /* 16 tiles x 64 k-tiles: 1024 / 16 = 64 rows-64 blocks are fewer than the SMs; ws-64 blocks of 7-8 k-tiles */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, WS64, 1, 16, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, WS64, 1, 16, 132},
         /* M = 128 on a narrow layer: 16 rows-128 tiles x 64 k-tiles make 64 blocks of 16, fewer than the SMs (and the
          * 32-row plan splits K 3 ways); 32 ws-64 tiles shared among 132 blocks of 15-16 k-tiles */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
         /* 231 rows-64 tiles fill 87% of 264 slots: rows-64, whole */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, R64, 1, 231, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, R64, 1, 231, 0},
         /* the AWQ layout too (4 x 16 tiles: stream-K); the device without the image and the sm80 profile on the H100
          * (no image on an sm_80): 64 x 256 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, R128, 4, 16, 132},
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, R64, 8, 16, 264},
-        {"H100 as sm80", "sm90", 132, 232448, 1, 1, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R64, 64, 112, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, R128, 4, 16, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, R64, 8, 16, 264},
+        {{"H100 as sm80", "sm90", 132, 232448, 1, 1}, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R64, 64, 112, 0},
         /* without the image the M = 48 layer above has no 64-row plan (the mma.sync tile kernel) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
         /* M = 32, AWQ, K past rows32_max_k: 32 tiles x 462 k-tiles, stream-K over 170 blocks */
-        {"RTX 5090", "sm120", 170, 101376, 0, 1, NULL, W4A16_LAYOUT_AWQ, 32, 8192, 29568, WS32, 1, 32, 170},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_AWQ, 32, 8192, 29568, WS32, 1, 32, 170},
         /* M = 24: 48 tiles on 48 SMs, whole */
-        {"GB10", "sm121", 48, 101376, 0, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 12288, 14336, WS32, 1, 48, 0},
+        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 24, 12288, 14336, WS32, 1, 48, 0},
         /* the native Hopper profile too, below its wgmma tiles (M = 24: 24 tiles x 64 k-tiles, 11-12 a block) */
-        {"H100", "sm90", 132, 232448, 1, 1, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, WS32, 1, 24, 132},
+        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, WS32, 1, 24, 132},
         /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers (AWQ; the
          * Marlin layout's run the 16-row MoE tile there, test_hand_checked_rows16) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, -1, -1, -1},
         /* a wide layer keeps its rows-32 plan (with stream-K here: test_hand_checked_rows32_sk) */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, R32, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, R32, -1, -1, -1},
         /* M = 16 in the AWQ layout where 16 x 128 tiles fill under 60% of their slots stays on the decode kernel
          * (test_hand_checked_rows16), and M 17-32 without the image */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, -1, -1, -1},
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_MARLIN, 24, 6144, 4096, MMA, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 24, 6144, 4096, MMA, -1, -1, -1},
         /* M = 8 stays on the decode kernel; without the image AWQ's M = 16 too */
-        {"H100 as sm120", "sm90", 132, 232448, 1, 1, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, -1, -1, -1},
-        {"H100 as sm120", "sm90", 132, 232448, 1, 0, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, -1, -1, -1},
     };
     /* without a workspace, where the warp-specialised tiles would need stream-K (200 128-row tiles under 90% of two
      * waves, 400 64-row ones under 90% of four), rows-64's 400 whole tiles (76% of two waves of 264 slots) */
@@ -909,8 +950,7 @@ static void test_hand_checked_rows128(void **state) {
         assert_int_equal(pl.sk_blocks, 0);
     }
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, c[i].ws};
-        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, c[i].kind);
         if (c[i].kind == MMA || c[i].kind == DEC8 || c[i].kind == DEC16 || c[i].kind == R32) continue;
         assert_int_equal(pl.grid[0], c[i].grid0);
@@ -944,36 +984,34 @@ static void test_hand_checked_rows16(void **state) {
         DEC16 = W4A16_KERNEL_DECODE16
     };
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma;
+        plan_device d;
         const char *forced;
         int layout, M, N, K, kind, grid1, splits, per_sm;
     } c[] = {
         /* 224 tiles of 16 x 128 on 4 x 132 slots: 42% */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 28672, 4096, R16W, 224, 1, 4},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 16, 28672, 4096, R16W, 224, 1, 4},
         /* the AWQ layout there: under 60%, the decode kernel; 462 tiles (88%): 16 x 128 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, 0, 0, 0},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 59136, 8192, R16W, 462, 1, 4},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, 0, 0, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 16, 59136, 8192, R16W, 462, 1, 4},
         /* 32 tiles of 16 x 128 (6%): 64 tiles of 16 x 64 on 3 x 132 slots, 6 K splits of 5-6 k-tiles of 128 */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 16, 4096, 4096, R16, 64, 6, 3},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 9, 4096, 4096, R16, 64, 6, 3},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, 0, 0, 0},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, 0, 0, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 16, 4096, 4096, R16, 64, 6, 3},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 9, 4096, 4096, R16, 64, 6, 3},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, 0, 0, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, 0, 0, 0},
         /* M = 32 on that narrow layer (the decode tiles' regime there): two row tiles of 16 x 64, 128 tiles, 3 splits
          */
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R16, 64, 3, 3},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, 0, 0, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R16, 64, 3, 3},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, 0, 0, 0},
         /* the native Hopper profile: 4 stages, four 16 x 64 blocks per SM, 8 splits of 4 k-tiles (528 slots / 64
          * tiles, at least 4 k-tiles each) */
-        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 12, 4096, 4096, R16, 64, 8, 4},
+        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 12, 4096, 4096, R16, 64, 8, 4},
         /* an RTX 5090, Qwen2.5-7B's gate_up (N = 37888, K = 3584): 296 tiles of 16 x 128 on 680 slots (44%) */
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 16, 37888, 3584, R16W, 296, 1, 4},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 16, 37888, 3584, R16W, 296, 1, 4},
         /* GB10, 48 SMs, N = 4096, K = 14336: 64 tiles of 16 x 64 on 144 slots, 2 splits */
-        {"GB10", "sm121", 48, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 16, 4096, 14336, R16, 64, 2, 3},
+        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 16, 4096, 14336, R16, 64, 2, 3},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
-        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, c[i].kind);
         if (c[i].kind == DEC8 || c[i].kind == DEC16) continue;
         assert_int_equal(pl.grid[0], (c[i].M + 15) / 16);
@@ -982,7 +1020,7 @@ static void test_hand_checked_rows16(void **state) {
         assert_int_equal(pl.grid[2], c[i].splits);
         assert_int_equal(pl.blocks_per_sm, c[i].per_sm);
         assert_int_equal(pl.threads, 128);
-        const int stages = c[i].wgmma && !c[i].forced ? 4 : 3;
+        const int stages = c[i].d.wgmma && !c[i].forced ? 4 : 3;
         assert_int_equal(pl.stages, stages);
         assert_int_equal(pl.smem_bytes, stages * (c[i].kind == R16W ? (c[i].layout ? 6784 : 7808) : 8832));
     }
@@ -996,22 +1034,20 @@ static void test_hand_checked_rows16(void **state) {
 static void test_hand_checked_rows32_sk(void **state) {
     (void)state;
     const struct {
-        const char *name, *profile;
-        int sms, smem_block, wgmma;
+        plan_device d;
         const char *forced;
         int layout, M, N, K, tiles, sk;
     } c[] = {
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 28672, 4096, 224, 0},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_AWQ, 24, 59136, 8192, 462, 396},
-        {"H100 as sm120", "sm90", 132, 232448, 1, "sm120", W4A16_LAYOUT_MARLIN, 32, 51200, 5120, 400, 396},
-        {"RTX 5090", "sm120", 170, 101376, 0, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 0},
-        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
-        {"H100", "sm90", 132, 232448, 1, NULL, W4A16_LAYOUT_MARLIN, 32, 102400, 5120, 800, 396},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 32, 28672, 4096, 224, 0},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 24, 59136, 8192, 462, 396},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 32, 51200, 5120, 400, 396},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 0},
+        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 59136, 8192, 462, 396},
+        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 102400, 5120, 800, 396},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const plan_device d = {c[i].name, c[i].profile, c[i].sms, c[i].smem_block, c[i].wgmma, 1};
-        const w4a16_plan pl = plan_on(&d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
         assert_int_equal(pl.grid[0] * pl.grid[1], c[i].tiles);
         assert_int_equal(pl.sk_blocks, c[i].sk);
