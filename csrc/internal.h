@@ -82,6 +82,9 @@ typedef struct w4a16_profile {
                          wave of its block slots (AWQ layout: rows16_awq_wide_fill), else in the Marlin layout 16 x 64
                          (W4A16_KERNEL_ROWS16) with K split across blocks */
     int rows16_wide_fill, rows16_awq_wide_fill;
+    int rows32n_max_split_k; /* > 0: M 17-32 in the Marlin layout, off the narrow layers, where no rows-32 plan runs:
+                                the MoE kernel's 32 x 64 tile (W4A16_KERNEL_ROWS32N) when its K split across blocks
+                                takes at least two splits of at most this many k */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);
@@ -171,7 +174,7 @@ W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, in
 /* Pipeline depth of a MoE GEMM tile (W4A16_MOE_TILE_*) on a device's profile (csrc/moe.c): 4 stages on Hopper-class
  * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two. */
 W4A16_HIDDEN int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout);
-/* A dense GEMM on a MoE launch tile (the W4A16_KERNEL_TILES plans: rows-64 / 32 / 16 / 16w, rows-128, ws-64 / 32;
+/* A dense GEMM on a MoE launch tile (the W4A16_KERNEL_TILES plans: rows-64 / 32 / 32n / 16 / 16w, rows-128, ws-64 / 32;
  * csrc/moe.c): the resident
  * blocks per SM the device gives it (its shared memory and carveout set as the launch sets them), and the launch;
  * cudaError_t. */

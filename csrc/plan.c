@@ -332,6 +332,32 @@ static int plan_rows16(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
+/* M 17-32 (the mid32 regime) in the Marlin layout, off the narrow layers (those run rows-16) and where no rows-32 plan
+ * runs: the MoE kernel's 32 x 64 tile (kernels/moe.cu: 4 warps splitting each 128-k stage, each weight fragment
+ * feeding two m16 tiles, three blocks per SM) with K split across blocks as rows-16 splits it (the slots once, at
+ * least 512 k a split), where that takes at least two splits of at most rows32n_max_split_k k. Under sm120 on the H100
+ * it took 0.81-0.96x the time of the warp-specialised 32 x 256 tile's stream-K (and of the mma.sync 32 x 256 one) on
+ * layers of 72-120 such tiles and K 3584-5120 (splits of 717-1707 k), about 1.0x with splits of 2048-2731 k, and
+ * 1.15-1.3x with splits of 4096 k or more; on the narrow layers 0.96-1.04x rows-16's time under sm120, 1.04-1.08x
+ * natively (docs/PERFORMANCE.md v41). The AWQ layout's 64-channel tiles read 32-byte row pieces (rows-16 lost there).
+ */
+static int plan_rows32n(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                        w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    if (p->rows32n_max_split_k <= 0 || layout != W4A16_LAYOUT_MARLIN || !workspace_bytes || K % 64 ||
+        M <= p->small_max_m || M > p->mid32_max_m || mid32_narrow(st, M, N))
+        return 0;
+    w4a16_plan c = *pl;
+    const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_32x64, 3, M, N, &c); /* its register budget: three */
+    if (!per_sm) return 0;
+    c.splits = w4a16_choose_splits(per_sm, c.grid[0] * c.grid[1], cdiv(K, W4A16_MOE_SPLIT_BK), st->sm_count,
+                                   512 / W4A16_MOE_SPLIT_BK);
+    if (c.splits < 2 || cdiv(K, c.splits) > p->rows32n_max_split_k) return 0;
+    c.grid[2] = c.splits;
+    *pl = c;
+    return 1;
+}
+
 /* Whether `tiles` tiles of config c, K deep, run unshared where stream-K would share them if c's tiles could straddle
  * blocks: tiles that split K among their warps (WK > 1) never do (see w4a16_plan_gemm), so with more than half a wave
  * and a last wave under the fill threshold they keep SMs idle. Only asked where the alternative config `other`
@@ -406,6 +432,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         *pl = r32;
         return W4A16_OK;
     }
+    if (plan_rows32n(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     if (plan_ws32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     if (plan_rows16(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);

@@ -163,9 +163,10 @@ W4A16_API w4a16_status w4a16_workspace_size_staged(int N, int K, size_t *bytes);
  * shared memory and carveout, which this sets on the kernel as a launch would). Arguments as for w4a16_awq_gemm
  * (marlin = 0) or w4a16_marlin_gemm (marlin = 1), without the tensors. Returns a validation or device status. */
 typedef struct w4a16_gemm_plan_info {
-    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64", "rows-32", "rows-16" or
-                        "rows-16w" (the MoE kernel's 64 x 256, 32 x 128, 16 x 64 and 16 x 128 tiles), "rows-128",
-                        "ws-64" or "ws-32" (the warp-specialised 128 x 256, 64 x 256 and 32 x 256 tiles) */
+    char kernel[16]; /* "decode-8", "decode-16", "mma.sync", "wgmma", "staged", "rows-64", "rows-32", "rows-16",
+                        "rows-16w" or "rows-32n" (the MoE kernel's 64 x 256, 32 x 128, 16 x 64, 16 x 128 and 32 x 64
+                        tiles), "rows-128", "ws-64" or "ws-32" (the warp-specialised 128 x 256, 64 x 256 and 32 x 256
+                        tiles) */
     int config;      /* tile config id (mma.sync or wgmma list, by kernel; rows-*: the tile's rows) */
     int stages, splits, grid[3], threads, smem_bytes;
     int blocks_per_sm;      /* resident blocks per SM the plan sized its K split for */
@@ -199,7 +200,7 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * W4A16_FLAG_REDUCE_IN_DTYPE: when K is split across blocks, round the partial sums to the output dtype before
  * adding them (vLLM's use_fp32_reduce = false): half the workspace traffic, slightly less accurate. The default
  * (flags = 0) adds fp32 partials, as the plain entry points do. Plans of kind "rows-64", "rows-32", "rows-16",
- * "rows-16w" (the MoE kernel's tiles), "rows-128", "ws-64" and "ws-32" always add fp32 partials. */
+ * "rows-16w", "rows-32n" (the MoE kernel's tiles), "rows-128", "ws-64" and "ws-32" always add fp32 partials. */
 #define W4A16_FLAG_REDUCE_IN_DTYPE 1u
 /* W4A16_FLAG_PDL: launch with programmatic dependent launch (compute capability 9.0 and up; ignored below). The
  * GEMM may start while the previous kernel in the stream is still running: it loads its first weight tiles (weights,
@@ -210,7 +211,7 @@ W4A16_API w4a16_status w4a16_awq_gemm(const void *A, const int32_t *qweight, con
  * starts: do not pass the flag on the first GEMM after the kernels that convert or load its weights unless a plain
  * launch, a synchronisation or an event wait lies in between (once the weights are loaded, as in serving, this
  * holds). Of the plans on the MoE launch's tiles only "rows-16" uses it; the others ("rows-64", "rows-32",
- * "rows-16w", "rows-128", "ws-64", "ws-32") and the staged large-M path (sm_90) launch plainly. */
+ * "rows-16w", "rows-32n", "rows-128", "ws-64", "ws-32") and the staged large-M path (sm_90) launch plainly. */
 #define W4A16_FLAG_PDL 2u
 W4A16_API w4a16_status w4a16_awq_gemm_ex(const void *A, const int32_t *qweight, const void *scales,
                                          const int32_t *qzeros, const void *bias, void *C, int M, int N, int K,

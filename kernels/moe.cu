@@ -11,14 +11,14 @@
 // their fp32 sums are added in warp order through shared memory at the end, so a row's result does not depend on
 // which other rows share its block.
 //
-// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls and the dense rows-16 plans, the 32-row tile for
-// the dense rows-32 plans):
-// where the routing blocks x channel tiles leave most of the GPU's block slots empty (decode: T x top_k pairs in a few
-// routing blocks), each tile's k-tiles are divided among gridDim.z blocks. Each writes its fp32 sums to the caller's
-// workspace; the last block of the tile to arrive (an atomic counter per tile, reset by that block) adds the splits'
-// sums in split order, so the result is the same bits on every run whichever block arrives last. Dense rows-64 plans,
-// and rows-32 plans of more than one wave, share k-tiles by stream-K instead (gemm_kernel, SPLIT = 2), with the same
-// counter and the same fixed order (the 32-row tile's K-split warps add their sums in the block first).
+// Split K across blocks (gridDim.z > 1; the 16 x 64 tile for MoE calls and the dense rows-16 plans, the 32-row tiles
+// for the dense rows-32 and rows-32n plans): where the routing blocks x channel tiles leave most of the GPU's block
+// slots empty (decode: T x top_k pairs in a few routing blocks), each tile's k-tiles are divided among gridDim.z
+// blocks. Each writes its fp32 sums to the caller's workspace; the last block of the tile to arrive (an atomic counter
+// per tile, reset by that block) adds the splits' sums in split order, so the result is the same bits on every run
+// whichever block arrives last. Dense rows-64 plans, and rows-32 plans of more than one wave, share k-tiles by stream-K
+// instead (gemm_kernel, SPLIT = 2), with the same counter and the same fixed order (the 32-row tile's K-split warps add
+// their sums in the block first).
 #include "common.cuh"
 #include "configs.h"
 #include "launch.h"
@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(1024)
 // The tiles (Cfg below, chosen per call by csrc/moe.c): 16 rows x 64 channels, the 4 warps splitting 128 k (the most
 // blocks and bytes in flight where few blocks exist; the only tile that also splits K across blocks); 16 x 128, 2
 // channel groups x 2-way K split of 64 k; 16 x 256, each warp 64 channels over whole 64-k stages (the fewest
-// instructions per weight, where blocks are plentiful); 32 rows: 128 channels, 2-way K split; 64 rows: 256 channels,
+// instructions per weight, where blocks are plentiful); 32 rows: 128 channels, 2-way K split, or (dense calls) 64
+// channels with the 16 x 64 tile's 4-way split, each weight dequantised once for both m16 tiles; 64 rows: 256 channels,
 // no K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
 __device__ __forceinline__ void add4(float4 &a, const float4 b) {
     a.x += b.x;
@@ -732,6 +733,7 @@ W4A16_MOE_CFG_(W4A16_MOE_TILE_16x128, 1, 2, 2)
 W4A16_MOE_CFG_(W4A16_MOE_TILE_16x256, 1, 4, 4)
 W4A16_MOE_CFG_(W4A16_MOE_TILE_32, 2, 2, 2)
 W4A16_MOE_CFG_(W4A16_MOE_TILE_64, 4, 4, 4)
+W4A16_MOE_CFG_(W4A16_MOE_TILE_32x64, 2, 1, 2)
 #undef W4A16_MOE_CFG_
 
 template <int LAYOUT, int TILE> using TileOf = Tile<LAYOUT, Cfg<TILE>::MT, Cfg<TILE>::WN, Cfg<TILE>::KS>;
@@ -792,6 +794,7 @@ W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x128, 16, 128)
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_16x256, 16, 256)
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_32, 32, 128)
 W4A16_MOE_CHECK_(W4A16_MOE_TILE_64, 64, 256)
+W4A16_MOE_CHECK_(W4A16_MOE_TILE_32x64, 32, 64)
 #undef W4A16_MOE_CHECK_
 static_assert(TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BK == W4A16_MOE_SPLIT_BK &&
                   TileOf<W4A16_LAYOUT_AWQ, W4A16_MOE_TILE_16x64>::BM *
@@ -813,6 +816,8 @@ template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch
         return launch<T, LAYOUT, W4A16_MOE_TILE_16x256>(a);
     case W4A16_MOE_TILE_32:
         return launch<T, LAYOUT, W4A16_MOE_TILE_32>(a);
+    case W4A16_MOE_TILE_32x64:
+        return launch<T, LAYOUT, W4A16_MOE_TILE_32x64>(a);
     default:
         return launch<T, LAYOUT, W4A16_MOE_TILE_64>(a);
     }
@@ -832,6 +837,8 @@ template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launc
         return prepare<T, LAYOUT, W4A16_MOE_TILE_16x256>(a, split, n);
     case W4A16_MOE_TILE_32:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_32>(a, split, n);
+    case W4A16_MOE_TILE_32x64:
+        return prepare<T, LAYOUT, W4A16_MOE_TILE_32x64>(a, split, n);
     default:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_64>(a, split, n);
     }
@@ -847,7 +854,7 @@ template <int TILE> constexpr bool smem_formula_holds() {
 }
 static_assert(smem_formula_holds<W4A16_MOE_TILE_16x64>() && smem_formula_holds<W4A16_MOE_TILE_16x128>() &&
                   smem_formula_holds<W4A16_MOE_TILE_16x256>() && smem_formula_holds<W4A16_MOE_TILE_32>() &&
-                  smem_formula_holds<W4A16_MOE_TILE_64>(),
+                  smem_formula_holds<W4A16_MOE_TILE_64>() && smem_formula_holds<W4A16_MOE_TILE_32x64>(),
               "moe_launch.h w4a16_moe_smem_bytes differs from the tiles' shared memory");
 
 } // namespace moe

@@ -65,7 +65,9 @@ enum {
     W4A16_MOE_TILE_128 = 5,    /* 128 x 256, 64 k: the warp-specialised dense tile (kernels/tile_ws.cu; dense only) */
     W4A16_MOE_TILE_WS64 = 6,   /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
     W4A16_MOE_TILE_WS32 = 7,   /* 32 x 256, 64 k: ... 32-row warp tiles (M 17-32) */
-    W4A16_MOE_TILES = 8
+    W4A16_MOE_TILE_32x64 = 8,  /* 32 x 64, 128 k: the 16 x 64 tile's 4-way K split, each weight fragment feeding two m16
+                                  tiles (dense M 17-32 on narrow layers) */
+    W4A16_MOE_TILES = 9
 };
 
 #ifdef __cplusplus
@@ -74,18 +76,19 @@ enum {
 #define W4A16_MOE_CONSTEXPR_
 #endif
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
-    return tile <= W4A16_MOE_TILE_16x256                              ? 16
-           : tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_WS32 ? 32
-           : tile == W4A16_MOE_TILE_128                               ? 128
-                                                                      : 64;
+    return tile <= W4A16_MOE_TILE_16x256                                                              ? 16
+           : tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_WS32 || tile == W4A16_MOE_TILE_32x64 ? 32
+           : tile == W4A16_MOE_TILE_128                                                               ? 128
+                                                                                                      : 64;
 }
 /* The warp-specialised tiles (kernels/tile_ws.cu). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
     return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32;
 }
-/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans, dense rows-16) and 32 x 128 (dense rows-32). */
+/* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans, dense rows-16), 32 x 128 and 32 x 64 (dense
+ * rows-32, rows-32n). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_split(int tile) {
-    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32;
+    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_32x64;
 }
 /* The tiles with a stream-K instance (dense calls): 64 x 256, 32 x 128 and the warp-specialised ones. */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_can_stream_k(int tile) {
@@ -100,7 +103,9 @@ static inline int w4a16_moe_launch_split(const w4a16_moe_launch *a) {
     return a->splits > 1 ? 1 : a->sk_blocks > 0 ? 2 : 0;
 }
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
-    return tile == W4A16_MOE_TILE_16x64 ? 64 : tile == W4A16_MOE_TILE_16x128 || tile == W4A16_MOE_TILE_32 ? 128 : 256;
+    return tile == W4A16_MOE_TILE_16x64 || tile == W4A16_MOE_TILE_32x64 ? 64
+           : tile == W4A16_MOE_TILE_16x128 || tile == W4A16_MOE_TILE_32 ? 128
+                                                                        : 256;
 }
 /* Dynamic shared memory of the MoE GEMM for a tile, a layout (W4A16_LAYOUT_AWQ = 0, Marlin = 1) and a pipeline depth,
  * in plain C so that the host's plans (and the CPU tests) size it; kernels/moe.cu checks it against its Tile at compile

@@ -686,13 +686,49 @@ static void test_rows16_tiles(void **state) {
     if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
 }
 
-/* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu) and the MoE kernel's rows-32 stream-K
- * without cuBLAS, so that make sanitize's racecheck and synccheck (tests *selfref*) cover their mbarrier pipeline and
- * stream-K handshakes: each call against the same call under the sm86 profile (which fits every GPU and never plans the
- * warp-specialised tiles; its rows-32 plan is checked against cuBLAS in test_rows_tiles), under the sm120 profile and
- * the GPU's own. Outputs poisoned, every element written, two runs
- * bit-identical (the stream-K parts are added in block order); whole tiles, stream-K within a tile and across tiles,
- * partial row and channel tiles, both layouts. */
+/* M 17-32 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile: the Marlin layout
+ * of a layer of SMs + 1 such tiles (a quarter of an SM count of 32 x 256 tiles: not a narrow layer; under half of their
+ * three slots per SM: two K splits of 512 or 1024 k); M = 17 and 24 (partial row blocks) and 32, both dtypes, every
+ * group size, GPTQ's symmetric weights, with and without bias, and without a workspace (no split: another plan),
+ * against cuBLAS. */
+static void test_rows32n_tiles(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const char *const *names = w4a16_profile_names();
+    const int Ms[] = {17, 24, 32}, N = 64 * (sm_count + 1), K = quick ? 1024 : 2048;
+    int planned = 0;
+    for (int p = 0; names[p]; p++) {
+        w4a16_status s = w4a16_force_profile(names[p]);
+        if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
+        assert_int_equal(s, W4A16_OK);
+        for (int mi = 0; mi < 3; mi++) {
+            const int M = Ms[mi];
+            if (quick && (mi + p) % 3) continue;
+            w4a16_gemm_plan_info pm;
+            W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pm));
+            printf("  profile %-5s M=%d N=%d K=%d: marlin %s\n", names[p], M, N, K, pm.text);
+            if (strcmp(pm.kernel, "rows-32n") != 0 || pm.splits < 2)
+                fail_msg("profile %s M=%d N=%d K=%d: planned %s, expected rows-32n with K splits", names[p], M, N, K,
+                         pm.text);
+            planned++;
+            stats st = {0};
+            check_all_groups(M, N, K, quick ? (mi % 2 ? 0xA5u : 0x5Au) : 0u, 1, &st);
+            char what[64];
+            snprintf(what, sizeof what, "rows-32n at M = %d under profile %s", M, names[p]);
+            stats_print(what, &st);
+        }
+    }
+    assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
+    if (planned < 3) fail_msg("rows-32n planned on %d calls only", planned);
+}
+
+/* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu), the MoE kernel's rows-32 stream-K and its
+ * rows-32n K split, without cuBLAS, so that make sanitize's racecheck and synccheck (tests *selfref*) cover their
+ * mbarrier pipeline and stream-K / split-K handshakes: each call against the same call under the sm86 profile (which
+ * fits every GPU and never plans the warp-specialised tiles; its rows-32 plan is checked against cuBLAS in
+ * test_rows_tiles; it plans rows-32n too, which test_rows32n_tiles checks against cuBLAS), under the sm120 profile and
+ * the GPU's own. Outputs poisoned, every element written, two runs bit-identical (the stream-K parts are added in block
+ * order); whole tiles, stream-K within a tile and across tiles, partial row and channel tiles, both layouts. */
 static void test_selfref_ws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -715,9 +751,11 @@ static void test_selfref_ws_tiles(void **state) {
         {"rows-128", 1, 200, 256 * (sm_count * 5 / 4), 512},
         /* the MoE kernel's 32-row tile with stream-K (1.25 waves of its slots), a partial row and channel tile */
         {"rows-32", 1, 24, 128 * (3 * sm_count * 5 / 4) + 64, 512},
+        /* the MoE kernel's 32 x 64 tile, K split across blocks (test_rows32n_tiles' shape) */
+        {"rows-32n", 0, 24, 64 * (sm_count + 1), 1024},
     };
     const char *profiles[] = {"sm120", NULL};
-    int ran[4] = {0}; /* ws-32, ws-64, rows-128, rows-32 */
+    int ran[5] = {0}; /* ws-32, ws-64, rows-128, rows-32, rows-32n */
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
@@ -742,7 +780,7 @@ static void test_selfref_ws_tiles(void **state) {
                              * another */
                             const int checked =
                                 strncmp(pi.kernel, "ws-", 3) == 0 || strcmp(pi.kernel, "rows-128") == 0 ||
-                                (strcmp(pi.kernel, "rows-32") == 0 && strcmp(shapes[sh].kernel, "rows-32") == 0);
+                                (strncmp(pi.kernel, "rows-32", 7) == 0 && strcmp(shapes[sh].kernel, pi.kernel) == 0);
                             if (pr == 0 && (path == PATH_MARLIN || checked) &&
                                 (strcmp(pi.kernel, shapes[sh].kernel) != 0 ||
                                  (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk))
@@ -767,10 +805,11 @@ static void test_selfref_ws_tiles(void **state) {
                                    profiles[pr] ? profiles[pr] : "own", sqrt(num / den));
                             if (!(sqrt(num / den) < tolerance(dt))) fail_msg("%s: too far from sm86's plan", pi.kernel);
                             if (memcmp(h1, h2, nC * 2) != 0) fail_msg("%s: two runs differ", pi.kernel);
-                            ran[strcmp(pi.kernel, "ws-32") == 0     ? 0
-                                : strcmp(pi.kernel, "ws-64") == 0   ? 1
-                                : strcmp(pi.kernel, "rows-32") == 0 ? 3
-                                                                    : 2]++;
+                            ran[strcmp(pi.kernel, "ws-32") == 0      ? 0
+                                : strcmp(pi.kernel, "ws-64") == 0    ? 1
+                                : strcmp(pi.kernel, "rows-32") == 0  ? 3
+                                : strcmp(pi.kernel, "rows-32n") == 0 ? 4
+                                                                     : 2]++;
                         }
                     }
                 }
@@ -784,9 +823,10 @@ static void test_selfref_ws_tiles(void **state) {
             gpu_layer_free(&L);
         }
     }
-    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d\n", ran[0], ran[1], ran[2], ran[3]);
-    for (int i = 0; i < 4; i++)
-        if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32: %d)", i);
+    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d, rows-32n %d\n", ran[0], ran[1], ran[2],
+           ran[3], ran[4]);
+    for (int i = 0; i < 5; i++)
+        if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32, rows-32n: %d)", i);
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
@@ -1392,6 +1432,7 @@ int main(void) {
         cmocka_unit_test(test_forced_profiles),
         cmocka_unit_test(test_rows_tiles),
         cmocka_unit_test(test_rows16_tiles),
+        cmocka_unit_test(test_rows32n_tiles),
         cmocka_unit_test(test_selfref_ws_tiles),
         cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),

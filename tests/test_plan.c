@@ -63,9 +63,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma",  "wgmma", "staged", "rows64",
-                                        "rows32",  "rows128",  "ws64", "ws32",  "rows16", "rows16w"};
-    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS16W + 1, "a name for every kernel kind");
+    static const char *const kinds[] = {"decode8", "decode16", "mma",  "wgmma",  "staged",  "rows64", "rows32",
+                                        "rows128", "ws64",     "ws32", "rows16", "rows16w", "rows32n"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS32N + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -307,6 +307,38 @@ static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl
     }
 }
 
+/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-32, the Marlin layout, not a narrow layer (mid32_narrow's
+ * count: at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs), three blocks per SM at most (its
+ * register budget) within the profile's SM, K split across blocks as rows-16 splits it (the slots once, at least 512 k
+ * a split) into 2 or more splits of at most rows32n_max_split_k k. */
+static int rows32n_plans;
+static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K,
+                               int ws) {
+    const w4a16_profile *p = st->profile;
+    assert_true(p->rows32n_max_split_k > 0 && M > p->small_max_m && M <= p->mid32_max_m && K % 64 == 0);
+    assert_int_equal(layout, W4A16_LAYOUT_MARLIN);
+    assert_true(ws > 0);
+    const w4a16_gemm_config *m32 = w4a16_config(p->mid32.cfg);
+    assert_true((long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
+                    ((N + w4a16_cfg_bn(m32) - 1) / w4a16_cfg_bn(m32)) * 8 >
+                (long long)p->mid32_min_tiles_per_8sm * st->sm_count);
+    assert_int_equal(pl->cfg, 32);
+    assert_int_equal(pl->threads, W4A16_MOE_THREADS);
+    assert_int_equal(pl->stages, w4a16_moe_stages(st, W4A16_MOE_TILE_32x64, layout));
+    assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, layout, pl->stages));
+    assert_in_range(pl->blocks_per_sm, 1, 3);
+    assert_true(pl->blocks_per_sm * (pl->smem_bytes + st->smem_reserved) <= st->smem_per_sm);
+    assert_int_equal(pl->sk_blocks, 0);
+    assert_int_equal(pl->grid[0], 1);
+    assert_int_equal(pl->grid[1], N / 64);
+    const long long tiles = N / 64, slots = (long long)st->sm_count * pl->blocks_per_sm;
+    assert_in_range(pl->splits, 2, 16);
+    assert_true(tiles * pl->splits <= slots && tiles * 2 <= slots);
+    assert_true((K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK >= pl->splits * (512 / W4A16_MOE_SPLIT_BK));
+    assert_true((K + pl->splits - 1) / pl->splits <= p->rows32n_max_split_k);
+    rows32n_plans++;
+}
+
 /* A stream-K plan of a MoE launch tile (rows x bn) over its t tiles, K deep, on `slots` block slots: no K split, every
  * tile shared, at least one block per SM and at most one per slot, each block at least min_kt k-tiles of 64, the
  * workspace (class ws) holding two partial tiles per block and a counter per tile. */
@@ -388,6 +420,9 @@ static void test_plan_invariants(void **state) {
                             if (W4A16_KERNEL_ROWS(pl.kind) && w4a16_moe_tile_ws(w4a16_kernel_moe_tile(pl.kind))) {
                                 check_ws_plan(&st, &pl, layout, M, N, K, ws);
                                 bm = W4A16_KERNEL_ROWS(pl.kind), bn = 256, bk = 64, minb = 1;
+                            } else if (pl.kind == W4A16_KERNEL_ROWS32N) {
+                                check_rows32n_plan(&st, &pl, layout, M, N, K, ws);
+                                bm = 32, bn = 64, bk = W4A16_MOE_SPLIT_BK, minb = 3;
                             } else if (W4A16_KERNEL_ROWS(pl.kind) == 16) {
                                 check_rows16_plan(&st, &pl, layout, M, N, K, ws);
                                 bn = w4a16_moe_tile_bn(w4a16_kernel_moe_tile(pl.kind));
@@ -484,17 +519,20 @@ static void test_plan_invariants(void **state) {
     print_message("  %d plans checked; warp-specialised tiles of 32 / 64 / 128 rows: %d / %d / %d\n", checked,
                   ws_plans_checked[0], ws_plans_checked[1], ws_plans_checked[2]);
     for (int i = 0; i < 3; i++) assert_true(ws_plans_checked[i] > 0);
+    print_message("  rows-32n plans: %d\n", rows32n_plans);
+    assert_true(rows32n_plans > 0);
 }
 
 /* A fp16 call planned on a described device (under `forced`, if given) with the small workspace, printed;
- * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32) switched off, to check the dense kernels' plans. */
+ * dense_only: with the profile's MoE-tile plans (rows-64 / rows-32 / rows-32n) switched off, to check the dense
+ * kernels' plans. */
 static w4a16_plan plan_on(const plan_device *d, const char *forced, int layout, int M, int N, int K, int dense_only) {
     w4a16_device_state st = device_state(d);
     if (forced) w4a16_use_profile(&st, w4a16_find_profile(forced), 1);
     w4a16_profile dense;
     if (dense_only) {
         dense = *st.profile;
-        dense.rows64_min_fill = dense.rows32_max_k = 0;
+        dense.rows64_min_fill = dense.rows32_max_k = dense.rows32n_max_split_k = 0;
         st.profile = &dense;
     }
     w4a16_plan pl;
@@ -717,10 +755,13 @@ static void test_moe_stages(void **state) {
     assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_64, W4A16_LAYOUT_AWQ, 2), 37376);
     assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_16x64, W4A16_LAYOUT_MARLIN, 3), 26496);
     assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_32, W4A16_LAYOUT_MARLIN, 3), 32768); /* the warps' reduction */
+    /* 32 x 64: 3 stages of 12928 bytes; with 2 the warps' reduction (4 warps x 2 m16 tiles x 8 n8 blocks x 512) */
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, W4A16_LAYOUT_MARLIN, 3), 38784);
+    assert_int_equal(w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, W4A16_LAYOUT_MARLIN, 2), 32768);
     const struct {
         plan_device d;
         const char *forced;
-        int s64, s_other; /* stages of the 64-row tile, of the 16- and 32-row ones */
+        int s64, s_other; /* stages of the 64-row and 32 x 64 tiles, of the others */
     } c[] = {
         {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 2, 3},
         {{"RTX PRO 6000", "sm120", 188, 101376, 0, 0}, NULL, 2, 3},
@@ -742,13 +783,16 @@ static void test_moe_stages(void **state) {
                     assert_true((size_t)smem <= st.smem_optin);
                     continue;
                 }
-                assert_int_equal(stages, tile == W4A16_MOE_TILE_64 ? c[i].s64 : c[i].s_other);
+                assert_int_equal(stages,
+                                 tile == W4A16_MOE_TILE_64 || tile == W4A16_MOE_TILE_32x64 ? c[i].s64 : c[i].s_other);
                 assert_true((size_t)smem <= st.smem_optin);
-                /* the 4-warp 64-row tile keeps two blocks per SM wherever its depth allows */
+                /* the 4-warp 64-row tile keeps two blocks per SM wherever its depth allows, the 32 x 64 one three */
                 if (tile == W4A16_MOE_TILE_64) assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 2);
+                if (tile == W4A16_MOE_TILE_32x64) assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 3);
             }
         }
-        print_message("  %-13s MoE stages: 64-row tile %d, others %d\n", c[i].d.name, c[i].s64, c[i].s_other);
+        print_message("  %-13s MoE stages: 64-row and 32 x 64 tiles %d, others %d\n", c[i].d.name, c[i].s64,
+                      c[i].s_other);
     }
 }
 
@@ -792,8 +836,8 @@ static void test_hand_checked_rows(void **state) {
         {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 256, 10240, 8192, 64, 2, 35328, 2, 1, 264},
         /* M 17-32: 1 x 224 = 224 >= 3 x 132 / 2 ... */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 32, 28672, 4096, 32, 3, 32768, 3, 1, 0},
-        /* ... 1 x 48 = 48 are not */
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 32, 6144, 4096, 0, 0, 0, 0, 1, 0},
+        /* ... 1 x 80 = 80 are not (nor does rows-32n take its 2 splits of 4096 k: test_hand_checked_rows32n) */
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 32, 10240, 8192, 0, 0, 0, 0, 1, 0},
         /* 1 x 112 tiles x 64 k-tiles: stream-K over 264 slots (27 k-tiles each) ... */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 64, 28672, 4096, 64, 2, 35328, 2, 1, 264},
         /* ... or 340 (21 each) */
@@ -922,8 +966,9 @@ static void test_hand_checked_rows128(void **state) {
         {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_AWQ, 32, 8192, 29568, WS32, 1, 32, 170},
         /* M = 24: 48 tiles on 48 SMs, whole */
         {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 24, 12288, 14336, WS32, 1, 48, 0},
-        /* the native Hopper profile too, below its wgmma tiles (M = 24: 24 tiles x 64 k-tiles, 11-12 a block) */
-        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, WS32, 1, 24, 132},
+        /* the native Hopper profile too, below its wgmma tiles (M = 24: 24 tiles x 224 k-tiles, 40-41 a block; at
+         * K = 4096 rows-32n runs there, test_hand_checked_rows32n) */
+        {{"H100", "sm90", 132, 232448, 1, 1}, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 14336, WS32, 1, 24, 132},
         /* 16 tiles x 64 k-tiles would give 132 blocks under 8 each: the decode tiles of narrow layers (AWQ; the
          * Marlin layout's run the 16-row MoE tile there, test_hand_checked_rows16) */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 32, 4096, 4096, DEC16, -1, -1, -1},
@@ -932,7 +977,7 @@ static void test_hand_checked_rows128(void **state) {
         /* M = 16 in the AWQ layout where 16 x 128 tiles fill under 60% of their slots stays on the decode kernel
          * (test_hand_checked_rows16), and M 17-32 without the image */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 16, 28672, 4096, DEC16, -1, -1, -1},
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 24, 6144, 4096, MMA, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 24, 10240, 8192, MMA, -1, -1, -1},
         /* M = 8 stays on the decode kernel; without the image AWQ's M = 16 too */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 8, 4096, 4096, DEC8, -1, -1, -1},
         {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_AWQ, 16, 4096, 4096, DEC16, -1, -1, -1},
@@ -1056,12 +1101,62 @@ static void test_hand_checked_rows32_sk(void **state) {
     }
 }
 
+/* By hand: rows-32n (32 x 64, K split across blocks: slots / tiles, at most 16, at least 4 k-tiles of 128 each) at
+ * M 17-32 in the Marlin layout where that takes 2 or more splits of at most 2048 k, off the narrow layers (whose 32 x
+ * 256 tiles make at most one per 8 SMs); 2 stages (32768 bytes, three blocks per 100 KB SM), 4 on Hopper-class SMs. */
+static void test_hand_checked_rows32n(void **state) {
+    (void)state;
+    enum {
+        R32N = W4A16_KERNEL_ROWS32N,
+        WS32 = W4A16_KERNEL_WS32,
+        R16 = W4A16_KERNEL_ROWS16,
+        R32 = W4A16_KERNEL_ROWS32
+    };
+    const plan_device h100 = {"H100", "sm90", 132, 232448, 1, 1};
+    const struct {
+        plan_device d;
+        const char *forced;
+        int layout, M, N, K, kind, splits, stages;
+    } c[] = {
+        /* llama3-8b.qkv: 96 tiles on 396 slots, 4 splits of 1024 k */
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 6144, 4096, R32N, 4, 2},
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 17, 6144, 4096, R32N, 4, 2},
+        {h100, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, R32N, 4, 4},
+        {h100, "sm120", W4A16_LAYOUT_AWQ, 32, 6144, 4096, R32, 0, 0}, /* AWQ: rows-32 (test_hand_checked_rows) */
+        /* qwen2.5-72b.qkv: 160 tiles, 2 splits of 4096 k: too long a split */
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 24, 10240, 8192, WS32, 0, 0},
+        /* llama3-8b.o: narrow (16 tiles of 32 x 256 on 132 SMs), rows-16 */
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R16, 0, 0},
+        /* phi4.qkv on an RTX 5090: 120 tiles on 510 slots, 4 splits of 1280 k (3 on the H100's 396) */
+        {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 7680, 5120, R32N, 4, 2},
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 7680, 5120, R32N, 3, 2},
+        /* 224 tiles: 2 splits of 2048 k on an RTX PRO 6000's 564 slots; more than half of the H100's 396 */
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 14336, 4096, R32N, 2, 2},
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 14336, 4096, WS32, 0, 0},
+        /* GB10: N = 4096 is not narrow on 48 SMs (16 tiles of 32 x 256); 64 tiles on 144 slots, 2 splits */
+        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R32N, 2, 2},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
+        assert_int_equal(pl.kind, c[i].kind);
+        if (c[i].kind != R32N) continue;
+        assert_int_equal(pl.grid[0], 1);
+        assert_int_equal(pl.grid[1], c[i].N / 64);
+        assert_int_equal(pl.splits, c[i].splits);
+        assert_int_equal(pl.grid[2], c[i].splits);
+        assert_int_equal(pl.blocks_per_sm, 3);
+        assert_int_equal(pl.stages, c[i].stages);
+        assert_int_equal(pl.smem_bytes, c[i].stages == 2 ? 32768 : 4 * 12928);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
         cmocka_unit_test(test_hand_checked_rows128),
         cmocka_unit_test(test_hand_checked_rows16),
         cmocka_unit_test(test_hand_checked_rows32_sk),
+        cmocka_unit_test(test_hand_checked_rows32n),
         cmocka_unit_test(test_forced_profile_emulates_its_sm),
         cmocka_unit_test(test_plan_invariants),
         cmocka_unit_test(test_hand_checked),
