@@ -332,20 +332,19 @@ static int plan_rows16(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
-/* M 17-32 (the mid32 regime) in the Marlin layout, off the narrow layers (those run rows-16) and where no rows-32 plan
- * runs: the MoE kernel's 32 x 64 tile (kernels/moe.cu: 4 warps splitting each 128-k stage, each weight fragment
- * feeding two m16 tiles, three blocks per SM) with K split across blocks as rows-16 splits it (the slots once, at
- * least 512 k a split), where that takes at least two splits of at most rows32n_max_split_k k. Under sm120 on the H100
- * it took 0.81-0.96x the time of the warp-specialised 32 x 256 tile's stream-K (and of the mma.sync 32 x 256 one) on
- * layers of 72-120 such tiles and K 3584-5120 (splits of 717-1707 k), about 1.0x with splits of 2048-2731 k, and
- * 1.15-1.3x with splits of 4096 k or more; on the narrow layers 0.96-1.04x rows-16's time under sm120, 1.04-1.08x
- * natively (docs/PERFORMANCE.md v41). The AWQ layout's 64-channel tiles read 32-byte row pieces (rows-16 lost there).
- */
+/* M 17-32 (the mid32 regime), off the narrow layers (those run rows-16 or the decode tiles): the MoE kernel's 32 x 64
+ * tile (kernels/moe.cu: 4 warps splitting each 128-k stage, each weight fragment feeding two m16 tiles, three blocks
+ * per SM) with K split across blocks as rows-16 splits it (the slots once, at least 512 k a split), where that takes at
+ * least two splits of at most rows32n_max_split_k k. Under sm120 on the H100, in the Marlin layout, it took 0.81-0.96x
+ * the time of the warp-specialised 32 x 256 tile's stream-K (and of the mma.sync 32 x 256 one) on layers of 72-120
+ * such tiles and K 3584-5120 (splits of 717-1707 k), about 1.0x with splits of 2048-2731 k, and 1.15-1.3x with splits
+ * of 4096 k or more; in the AWQ layout 0.79-0.93x rows-32's time with splits of 717-1707 k, 1.07x at 2048 k; on the
+ * narrow layers 0.96-1.04x rows-16's time under sm120, 1.04-1.08x natively (docs/PERFORMANCE.md v41). */
 static int plan_rows32n(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                         w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
-    if (p->rows32n_max_split_k <= 0 || layout != W4A16_LAYOUT_MARLIN || !workspace_bytes || K % 64 ||
-        M <= p->small_max_m || M > p->mid32_max_m || mid32_narrow(st, M, N))
+    if (p->rows32n_max_split_k <= 0 || !workspace_bytes || K % 64 || M <= p->small_max_m || M > p->mid32_max_m ||
+        mid32_narrow(st, M, N))
         return 0;
     w4a16_plan c = *pl;
     const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_32x64, 3, M, N, &c); /* its register budget: three */
@@ -424,6 +423,8 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
+    /* M 17-32: the 32 x 64 tile's short K splits first (in the AWQ layout rows-32 would take these layers) */
+    if (plan_rows32n(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     /* the 32-row plan first: the 64-row one's stream-K yields to it where it splits K several ways */
     w4a16_plan r32 = *pl;
     const int rows32 = plan_rows32(st, layout, M, N, K, workspace_bytes, &r32);
@@ -432,7 +433,6 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         *pl = r32;
         return W4A16_OK;
     }
-    if (plan_rows32n(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     if (plan_ws32(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     if (plan_rows16(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     const w4a16_tile_choice *tc = mma_choice(st, layout, M, N, K);

@@ -20,14 +20,14 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no wgmma tile runs,
  * the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the waves they take,
  * else, with a workspace, with stream-K over its slots, each block at least 16 k-tiles, unless a 32-row plan splits K 3
- * ways or more (csrc/plan.c plan_rows64). At M 17-32 in the Marlin layout the MoE kernel's 32 x 64 tile where it splits
- * K into pieces of at most 2048 k (plan_rows32n). */
+ * ways or more (csrc/plan.c plan_rows64). At M 17-32 the MoE kernel's 32 x 64 tile where it splits K into pieces of at
+ * most 1792 k (plan_rows32n). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
     .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \
     .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4, .mid32_min_tiles_per_8sm = 1, .rows64_min_fill = 85,          \
     .rows64_min_wave_fill = 70, .rows64_sk_min_kt = 16, .rows32_keep_min_splits = 3, .rows32_max_k = 8192,             \
     .rows16_min_m = 9, .rows16_wide_fill = 40, .rows16_awq_wide_fill = 60, .rows32_sk_min_kt = 8,                      \
-    .rows32_sk_wave_fill = 90, .rows32n_max_split_k = 2048
+    .rows32_sk_wave_fill = 90, .rows32n_max_split_k = 1792
 
 /* Tiles of the parts with 99 KB of shared memory per block (sm_86, 89, 120, 121): the 128-k decode tile also when
  * K is split (two of its 3-stage blocks fit a 100 KB SM); one 8-warp block per SM from M = 17: the 32 x 256 tile

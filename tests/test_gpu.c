@@ -686,8 +686,8 @@ static void test_rows16_tiles(void **state) {
     if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
 }
 
-/* M 17-32 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile: the Marlin layout
- * of a layer of SMs + 1 such tiles (a quarter of an SM count of 32 x 256 tiles: not a narrow layer; under half of their
+/* M 17-32 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile, both layouts: a
+ * layer of SMs + 1 such tiles (a quarter of an SM count of 32 x 256 tiles: not a narrow layer; under half of their
  * three slots per SM: two K splits of 512 or 1024 k); M = 17 and 24 (partial row blocks) and 32, both dtypes, every
  * group size, GPTQ's symmetric weights, with and without bias, and without a workspace (no split: another plan),
  * against cuBLAS. */
@@ -704,12 +704,14 @@ static void test_rows32n_tiles(void **state) {
         for (int mi = 0; mi < 3; mi++) {
             const int M = Ms[mi];
             if (quick && (mi + p) % 3) continue;
-            w4a16_gemm_plan_info pm;
-            W4_CHECK(w4a16_gemm_plan(1, M, N, K, 128, W4A16_FP16, workspace_bytes, &pm));
-            printf("  profile %-5s M=%d N=%d K=%d: marlin %s\n", names[p], M, N, K, pm.text);
-            if (strcmp(pm.kernel, "rows-32n") != 0 || pm.splits < 2)
-                fail_msg("profile %s M=%d N=%d K=%d: planned %s, expected rows-32n with K splits", names[p], M, N, K,
-                         pm.text);
+            for (int marlin = 0; marlin < 2; marlin++) {
+                w4a16_gemm_plan_info pi;
+                W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
+                printf("  profile %-5s M=%d N=%d K=%d: %s %s\n", names[p], M, N, K, marlin ? "marlin" : "awq", pi.text);
+                if (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2)
+                    fail_msg("profile %s M=%d N=%d K=%d: planned %s, expected rows-32n with K splits", names[p], M, N,
+                             K, pi.text);
+            }
             planned++;
             stats st = {0};
             check_all_groups(M, N, K, quick ? (mi % 2 ? 0xA5u : 0x5Au) : 0u, 1, &st);

@@ -307,7 +307,7 @@ static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl
     }
 }
 
-/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-32, the Marlin layout, not a narrow layer (mid32_narrow's
+/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-32, either layout, not a narrow layer (mid32_narrow's
  * count: at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs), three blocks per SM at most (its
  * register budget) within the profile's SM, K split across blocks as rows-16 splits it (the slots once, at least 512 k
  * a split) into 2 or more splits of at most rows32n_max_split_k k. */
@@ -316,7 +316,6 @@ static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *p
                                int ws) {
     const w4a16_profile *p = st->profile;
     assert_true(p->rows32n_max_split_k > 0 && M > p->small_max_m && M <= p->mid32_max_m && K % 64 == 0);
-    assert_int_equal(layout, W4A16_LAYOUT_MARLIN);
     assert_true(ws > 0);
     const w4a16_gemm_config *m32 = w4a16_config(p->mid32.cfg);
     assert_true((long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
@@ -861,19 +860,19 @@ static void test_hand_checked_rows(void **state) {
         assert_int_equal(pl.grid[2], c[i].splits);
         assert_int_equal(pl.sk_blocks, c[i].sk);
     }
-    /* The AWQ layout takes the 32 x 128 tile at M 17-64 wherever its tiles fit a wave: llama3-8b.qkv at M = 32 keeps
-     * the dense 32 x 256 tile in the Marlin layout (above), and in AWQ runs 1 x 48 tiles with K split 6 ways (396 / 48
-     * slots would allow 8; 64 k-tiles of at least 10 allow 6) */
+    /* The AWQ layout takes the 32 x 128 tile at M 17-64 wherever its tiles fit a wave (at M 17-32 unless rows-32n
+     * runs: test_hand_checked_rows32n): llama3-8b.qkv at M = 64 keeps the dense tile in the Marlin layout (above), and
+     * in AWQ runs 2 x 48 tiles with K split 4 ways (396 / 96 slots; 64 k-tiles of at least 10 would allow 6) */
     plan_device d = {"H100 as sm120", "sm90", 132, 232448, 1, 0};
     w4a16_device_state st = device_state(&d);
     w4a16_use_profile(&st, w4a16_find_profile("sm120"), 1);
     w4a16_plan pl;
     assert_int_equal(
-        w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 32, 6144, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
+        w4a16_plan_gemm(&st, W4A16_LAYOUT_AWQ, 0, 64, 6144, 4096, w4a16_workspace_bytes_for(132), "test", &pl),
         W4A16_OK);
     assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32);
-    assert_int_equal(pl.grid[0] * pl.grid[1], 48);
-    assert_int_equal(pl.splits, 6);
+    assert_int_equal(pl.grid[0] * pl.grid[1], 96);
+    assert_int_equal(pl.splits, 4);
     /* ... and where a 32-row plan would split K fewer than 3 ways the 64 x 256 tile with stream-K: llama3-8b.o at
      * M = 512 is 8 x 16 = 128 tiles x 64 k-tiles over 264 blocks, in both layouts; without a workspace neither */
     for (int layout = 0; layout < 2; layout++) {
@@ -1102,8 +1101,8 @@ static void test_hand_checked_rows32_sk(void **state) {
 }
 
 /* By hand: rows-32n (32 x 64, K split across blocks: slots / tiles, at most 16, at least 4 k-tiles of 128 each) at
- * M 17-32 in the Marlin layout where that takes 2 or more splits of at most 2048 k, off the narrow layers (whose 32 x
- * 256 tiles make at most one per 8 SMs); 2 stages (32768 bytes, three blocks per 100 KB SM), 4 on Hopper-class SMs. */
+ * M 17-32, both layouts, where that takes 2 or more splits of at most 1792 k, off the narrow layers (whose 32 x 256
+ * tiles make at most one per 8 SMs); 2 stages (32768 bytes, three blocks per 100 KB SM), 4 on Hopper-class SMs. */
 static void test_hand_checked_rows32n(void **state) {
     (void)state;
     enum {
@@ -1122,7 +1121,10 @@ static void test_hand_checked_rows32n(void **state) {
         {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 6144, 4096, R32N, 4, 2},
         {h100, "sm120", W4A16_LAYOUT_MARLIN, 17, 6144, 4096, R32N, 4, 2},
         {h100, NULL, W4A16_LAYOUT_MARLIN, 24, 6144, 4096, R32N, 4, 4},
-        {h100, "sm120", W4A16_LAYOUT_AWQ, 32, 6144, 4096, R32, 0, 0}, /* AWQ: rows-32 (test_hand_checked_rows) */
+        {h100, "sm120", W4A16_LAYOUT_AWQ, 32, 6144, 4096, R32N, 4, 2}, /* AWQ too (rows-32 otherwise) */
+        /* qwen3-32b.o: 80 tiles, 4 splits of 2048 k: too long a split; AWQ keeps rows-32 */
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 5120, 8192, WS32, 0, 0},
+        {h100, "sm120", W4A16_LAYOUT_AWQ, 32, 5120, 8192, R32, 0, 0},
         /* qwen2.5-72b.qkv: 160 tiles, 2 splits of 4096 k: too long a split */
         {h100, "sm120", W4A16_LAYOUT_MARLIN, 24, 10240, 8192, WS32, 0, 0},
         /* llama3-8b.o: narrow (16 tiles of 32 x 256 on 132 SMs), rows-16 */
@@ -1130,11 +1132,13 @@ static void test_hand_checked_rows32n(void **state) {
         /* phi4.qkv on an RTX 5090: 120 tiles on 510 slots, 4 splits of 1280 k (3 on the H100's 396) */
         {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 7680, 5120, R32N, 4, 2},
         {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 7680, 5120, R32N, 3, 2},
-        /* 224 tiles: 2 splits of 2048 k on an RTX PRO 6000's 564 slots; more than half of the H100's 396 */
-        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 14336, 4096, R32N, 2, 2},
-        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 14336, 4096, WS32, 0, 0},
-        /* GB10: N = 4096 is not narrow on 48 SMs (16 tiles of 32 x 256); 64 tiles on 144 slots, 2 splits */
-        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 4096, 4096, R32N, 2, 2},
+        /* 224 tiles: 2 splits of 1792 k on an RTX PRO 6000's 564 slots; more than half of the H100's 396 */
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 14336, 3584, R32N, 2, 2},
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 14336, 3584, WS32, 0, 0},
+        /* GB10: N = 4096 is not narrow on 48 SMs (16 tiles of 32 x 256); 64 tiles on 144 slots, 2 splits of 1792 k
+         * (on the H100 a narrow layer: rows-16) */
+        {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 4096, 3584, R32N, 2, 2},
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 4096, 3584, R16, 0, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
