@@ -1,6 +1,7 @@
 // w4a16 MoE benchmark: the grouped GEMMs of four mixture-of-experts models' expert layers, through the public C ABI,
 // as a Google Benchmark program (the method of bench/bench.cc: random data, warm-up, CUDA-event timing of batches of
-// launches, median of 9 samples, the lower of two passes).
+// launches, median of 9 samples, the lower of two passes; with --sweeps=N, default 2, the whole list runs N times and
+// each case keeps its lowest, as bench/bench.cc does against a GPU whose other tenants disturb single cases).
 //
 // Per model, T tokens routed uniformly at random (top_k distinct experts per token), two GEMMs: w13 (gate and up,
 // K = hidden, N = 2 x expert width, A = the T tokens) and w2 (down, K = expert width, N = hidden, A = the T x top_k
@@ -9,7 +10,7 @@
 // cache help). floor = max(bytes / copy bandwidth, FLOPs / cuBLAS fp16 peak), both measured in the same run, with
 // bytes = the packed weights, scales and zero points of the experts the routings touch (averaged) + A + C.
 //
-//   build/bench_moe [--t=1,4,16,64,256,1024,4096] [--models=qwen3] [--sm120=0|1] [--awq=0|1]
+//   build/bench_moe [--t=1,4,16,64,256,1024,4096] [--models=qwen3] [--sm120=0|1] [--awq=0|1] [--sweeps=2]
 //                   [--json=build/bench_moe_results.json] [Google Benchmark flags]
 #include <benchmark/benchmark.h>
 
@@ -42,6 +43,7 @@ struct Options {
     std::vector<int> ts = {1, 4, 16, 64, 256, 1024, 4096};
     std::string models, json = "build/bench_moe_results.json";
     bool sm120 = true, awq = true;
+    int sweeps = 2;
 } opt;
 
 struct Device {
@@ -259,33 +261,44 @@ void run_case(benchmark::State &state, const Model *m, int T, bool down, Path p,
     state.counters["floor_us"] = fl;
     state.counters["x_floor"] = us / fl;
     state.counters["experts"] = d->touched_avg;
-    rows.push_back({m->name, down ? "w2" : "w13", path_names[p], profile ? profile : dev.info.profile, T, m->E,
-                    m->top_k, K, N, us, fl, d->touched_avg});
+    const Row r{
+        m->name, down ? "w2" : "w13", path_names[p], profile ? profile : dev.info.profile, T, m->E, m->top_k, K, N, us,
+        fl,      d->touched_avg};
+    auto seen = std::find_if(rows.begin(), rows.end(), [&](const Row &o) { // this case in an earlier sweep
+        return o.model == r.model && o.gemm == r.gemm && o.path == r.path && o.profile == r.profile && o.T == r.T;
+    });
+    if (seen == rows.end())
+        rows.push_back(r);
+    else if (r.us < seen->us)
+        *seen = r;
     if (profile) W4_CHECK(w4a16_force_profile(start_profile));
 }
 
 void register_all() {
-    for (const Model &m : models) {
-        if (!opt.models.empty() && std::string(m.name).find(opt.models) == std::string::npos) continue;
-        for (int T : opt.ts)
-            for (int down = 0; down < 2; down++) {
-                struct V {
-                    Path p;
-                    const char *profile;
-                };
-                std::vector<V> vs = {{MARLIN, nullptr}};
-                if (opt.awq) vs.push_back({AWQ, nullptr});
-                if (opt.sm120) vs.push_back({MARLIN, "sm120"});
-                for (const V &v : vs) {
-                    std::string name = std::string(path_names[v.p]) + "/" + m.name + "." + (down ? "w2" : "w13") +
-                                       "/T=" + std::to_string(T) + "/" + (v.profile ? v.profile : "auto");
-                    benchmark::RegisterBenchmark(name.c_str(), run_case, &m, T, (bool)down, v.p, v.profile)
-                        ->UseManualTime()
-                        ->Iterations(1)
-                        ->Unit(benchmark::kMicrosecond);
+    // the sweeps one after another in one RunSpecifiedBenchmarks call (a second call crashed with the packaged library)
+    for (int sweep = 0; sweep < opt.sweeps; sweep++)
+        for (const Model &m : models) {
+            if (!opt.models.empty() && std::string(m.name).find(opt.models) == std::string::npos) continue;
+            for (int T : opt.ts)
+                for (int down = 0; down < 2; down++) {
+                    struct V {
+                        Path p;
+                        const char *profile;
+                    };
+                    std::vector<V> vs = {{MARLIN, nullptr}};
+                    if (opt.awq) vs.push_back({AWQ, nullptr});
+                    if (opt.sm120) vs.push_back({MARLIN, "sm120"});
+                    for (const V &v : vs) {
+                        std::string name = std::string(path_names[v.p]) + "/" + m.name + "." + (down ? "w2" : "w13") +
+                                           "/T=" + std::to_string(T) + "/" + (v.profile ? v.profile : "auto") +
+                                           (opt.sweeps > 1 ? "/sweep:" + std::to_string(sweep + 1) : "");
+                        benchmark::RegisterBenchmark(name.c_str(), run_case, &m, T, (bool)down, v.p, v.profile)
+                            ->UseManualTime()
+                            ->Iterations(1)
+                            ->Unit(benchmark::kMicrosecond);
+                    }
                 }
-            }
-    }
+        }
 }
 
 void summary() {
@@ -339,6 +352,8 @@ void parse(int &argc, char **argv) {
             opt.awq = atoi(v) != 0;
         else if ((v = val("--json")))
             opt.json = v;
+        else if ((v = val("--sweeps")))
+            opt.sweeps = std::max(1, atoi(v));
         else
             argv[out++] = argv[i];
     }
