@@ -82,9 +82,9 @@ typedef struct w4a16_profile {
                          wave of its block slots (AWQ layout: rows16_awq_wide_fill), else in the Marlin layout 16 x 64
                          (W4A16_KERNEL_ROWS16) with K split across blocks */
     int rows16_wide_fill, rows16_awq_wide_fill;
-    int rows32n_max_split_k; /* > 0: M 17-32 off the narrow layers: the MoE kernel's 32 x 64 tile
-                                (W4A16_KERNEL_ROWS32N) when its K split across blocks takes at least two splits of at
-                                most this many k */
+    int rows32n_max_split_k; /* > 0: M 17-64 (off the layers narrow at M 17-32, below the wgmma tiles): the MoE
+                                kernel's 32 x 64 tile (W4A16_KERNEL_ROWS32N) when its K split across blocks takes at
+                                least two splits of at most this many k */
 } w4a16_profile;
 
 W4A16_HIDDEN const w4a16_profile *w4a16_find_profile(const char *name);

@@ -133,7 +133,8 @@ static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
     return tiles * 8 <= (long long)p->mid32_min_tiles_per_8sm * st->sm_count;
 }
 
-/* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32, _16x64, _16x128 or a warp-specialised one) over M x N,
+/* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32, _32x64, _16x64, _16x128 or a warp-specialised one) over
+ * M x N,
  * its register budget allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not fit a
  * block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
@@ -332,18 +333,20 @@ static int plan_rows16(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
-/* M 17-32 (the mid32 regime), off the narrow layers (those run rows-16 or the decode tiles): the MoE kernel's 32 x 64
- * tile (kernels/moe.cu: 4 warps splitting each 128-k stage, each weight fragment feeding two m16 tiles, three blocks
- * per SM) with K split across blocks as rows-16 splits it (the slots once, at least 512 k a split), where that takes at
- * least two splits of at most rows32n_max_split_k k. Under sm120 on the H100, in the Marlin layout, it took 0.81-0.96x
- * the time of the warp-specialised 32 x 256 tile's stream-K (and of the mma.sync 32 x 256 one) on layers of 72-120
- * such tiles and K 3584-5120 (splits of 717-1707 k), about 1.0x with splits of 2048-2731 k, and 1.15-1.3x with splits
- * of 4096 k or more; in the AWQ layout 0.79-0.93x rows-32's time with splits of 717-1707 k, 1.07x at 2048 k; on the
- * narrow layers 0.96-1.04x rows-16's time under sm120, 1.04-1.08x natively (docs/PERFORMANCE.md v41). */
+/* M 17-64 where no wgmma tile runs, off the layers narrow at M 17-32 (those run rows-16 or the decode tiles there):
+ * the MoE kernel's 32 x 64 tile (kernels/moe.cu: 4 warps splitting each 128-k stage, each weight fragment feeding two
+ * m16 tiles, three blocks per SM; two row tiles from M = 33) with K split across blocks as rows-16 splits it (the slots
+ * once, at least 512 k a split), where that takes at least two splits of at most rows32n_max_split_k k. Under sm120 on
+ * the H100, in the Marlin layout, it took 0.81-0.96x the time of the warp-specialised 32 x 256 tile's stream-K (and of
+ * the mma.sync 32 x 256 one) at M = 24 / 32 on layers of 72-120 such tiles and K 3584-5120 (splits of 717-1707 k),
+ * about 1.0x with splits of 2048-2731 k, and 1.15-1.3x with splits of 4096 k or more; in the AWQ layout 0.79-0.93x
+ * rows-32's time with splits of 717-1707 k, 1.07x at 2048 k; at M = 48 / 64 0.78-0.87x ws-64's stream-K on the narrow
+ * layers (llama3-8b.o, qwen2.5-7b.o: 3 splits of 1195-1365 k), 0.96-1.04x on qwen2.5-7b.qkv (2 of 1792); on the layers
+ * narrow at M 17-32 0.96-1.04x rows-16's time under sm120, 1.04-1.08x natively (docs/PERFORMANCE.md v41, v42). */
 static int plan_rows32n(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                         w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
-    if (p->rows32n_max_split_k <= 0 || !workspace_bytes || K % 64 || M <= p->small_max_m || M > p->mid32_max_m ||
+    if (p->rows32n_max_split_k <= 0 || !workspace_bytes || K % 64 || M <= p->small_max_m || M > p->mid_max_m ||
         mid32_narrow(st, M, N))
         return 0;
     w4a16_plan c = *pl;
@@ -423,7 +426,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;
     }
-    /* M 17-32: the 32 x 64 tile's short K splits first (in the AWQ layout rows-32 would take these layers) */
+    /* M 17-64: the 32 x 64 tile's short K splits first (in the AWQ layout rows-32 would take these layers) */
     if (plan_rows32n(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     /* the 32-row plan first: the 64-row one's stream-K yields to it where it splits K several ways */
     w4a16_plan r32 = *pl;

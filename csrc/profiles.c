@@ -20,7 +20,7 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no wgmma tile runs,
  * the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the waves they take,
  * else, with a workspace, with stream-K over its slots, each block at least 16 k-tiles, unless a 32-row plan splits K 3
- * ways or more (csrc/plan.c plan_rows64). At M 17-32 the MoE kernel's 32 x 64 tile where it splits K into pieces of at
+ * ways or more (csrc/plan.c plan_rows64). At M 17-64 the MoE kernel's 32 x 64 tile where it splits K into pieces of at
  * most 1792 k (plan_rows32n). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
     .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \

@@ -686,32 +686,36 @@ static void test_rows16_tiles(void **state) {
     if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
 }
 
-/* M 17-32 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile, both layouts: a
- * layer of SMs + 1 such tiles (a quarter of an SM count of 32 x 256 tiles: not a narrow layer; under half of their
- * three slots per SM: two K splits of 512 or 1024 k); M = 17 and 24 (partial row blocks) and 32, both dtypes, every
+/* M 17-64 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile (but where a
+ * wgmma tile runs from M = 33), both layouts: at M 17-32 a layer of SMs + 1 such tiles (a quarter of an SM count of
+ * 32 x 256 tiles: not a narrow layer), at M 33-64 one of 3/4 of an SM count (two row tiles); both under half of their
+ * three slots per SM: two K splits of 512 or 1024 k. M = 17, 24, 40 (partial row blocks), 32 and 64, both dtypes, every
  * group size, GPTQ's symmetric weights, with and without bias, and without a workspace (no split: another plan),
  * against cuBLAS. */
 static void test_rows32n_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
     const char *const *names = w4a16_profile_names();
-    const int Ms[] = {17, 24, 32}, N = 64 * (sm_count + 1), K = quick ? 1024 : 2048;
+    const int Ms[] = {17, 24, 32, 40, 64}, K = quick ? 1024 : 2048;
     int planned = 0;
     for (int p = 0; names[p]; p++) {
         w4a16_status s = w4a16_force_profile(names[p]);
         if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
         assert_int_equal(s, W4A16_OK);
-        for (int mi = 0; mi < 3; mi++) {
-            const int M = Ms[mi];
+        for (int mi = 0; mi < 5; mi++) {
+            const int M = Ms[mi], N = 64 * (M <= 32 ? sm_count + 1 : sm_count * 3 / 4);
             if (quick && (mi + p) % 3) continue;
+            int wgmma = 0;
             for (int marlin = 0; marlin < 2; marlin++) {
                 w4a16_gemm_plan_info pi;
                 W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
                 printf("  profile %-5s M=%d N=%d K=%d: %s %s\n", names[p], M, N, K, marlin ? "marlin" : "awq", pi.text);
-                if (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2)
+                wgmma += M > 32 && strcmp(pi.kernel, "wgmma") == 0;
+                if (!wgmma && (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2))
                     fail_msg("profile %s M=%d N=%d K=%d: planned %s, expected rows-32n with K splits", names[p], M, N,
                              K, pi.text);
             }
+            if (wgmma) continue; /* the native Hopper profile from M = 33 */
             planned++;
             stats st = {0};
             check_all_groups(M, N, K, quick ? (mi % 2 ? 0xA5u : 0x5Au) : 0u, 1, &st);
@@ -746,7 +750,7 @@ static void test_selfref_ws_tiles(void **state) {
         /* stream-K, a partial row and channel tile (K past rows-32's, so that the AWQ layout runs it too) */
         {"ws-32", 1, 24, 256 * (sm_count / 4) + 128, 8320},
         {"ws-32", 0, 32, 256 * sm_count, 8320}, /* whole tiles */
-        {"ws-64", 1, 48, 4096, 4096},           /* stream-K within a tile */
+        {"ws-64", 1, 48, 4096, 8192},           /* stream-K within a tile (K = 4096: rows-32n) */
         {"rows-128", 0, 128, 256 * sm_count, 256},
         {"rows-128", 1, 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
         /* 2.5 tiles per block: a partial, a whole and a partial segment in most blocks (seg_done's second phase) */

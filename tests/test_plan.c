@@ -307,20 +307,22 @@ static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl
     }
 }
 
-/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-32, either layout, not a narrow layer (mid32_narrow's
- * count: at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs), three blocks per SM at most (its
- * register budget) within the profile's SM, K split across blocks as rows-16 splits it (the slots once, at least 512 k
- * a split) into 2 or more splits of at most rows32n_max_split_k k. */
+/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-64 below the wgmma tiles, either layout, at M 17-32 not a
+ * narrow layer (mid32_narrow's count: at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs), three
+ * blocks per SM at most (its register budget) within the profile's SM, K split across blocks as rows-16 splits it (the
+ * slots once, at least 512 k a split) into 2 or more splits of at most rows32n_max_split_k k. */
 static int rows32n_plans;
 static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K,
                                int ws) {
     const w4a16_profile *p = st->profile;
-    assert_true(p->rows32n_max_split_k > 0 && M > p->small_max_m && M <= p->mid32_max_m && K % 64 == 0);
+    assert_true(p->rows32n_max_split_k > 0 && M > p->small_max_m && M <= p->mid_max_m && K % 64 == 0);
+    assert_false(st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m);
     assert_true(ws > 0);
     const w4a16_gemm_config *m32 = w4a16_config(p->mid32.cfg);
-    assert_true((long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
-                    ((N + w4a16_cfg_bn(m32) - 1) / w4a16_cfg_bn(m32)) * 8 >
-                (long long)p->mid32_min_tiles_per_8sm * st->sm_count);
+    if (M <= p->mid32_max_m)
+        assert_true((long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
+                        ((N + w4a16_cfg_bn(m32) - 1) / w4a16_cfg_bn(m32)) * 8 >
+                    (long long)p->mid32_min_tiles_per_8sm * st->sm_count);
     assert_int_equal(pl->cfg, 32);
     assert_int_equal(pl->threads, W4A16_MOE_THREADS);
     assert_int_equal(pl->stages, w4a16_moe_stages(st, W4A16_MOE_TILE_32x64, layout));
@@ -328,9 +330,9 @@ static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *p
     assert_in_range(pl->blocks_per_sm, 1, 3);
     assert_true(pl->blocks_per_sm * (pl->smem_bytes + st->smem_reserved) <= st->smem_per_sm);
     assert_int_equal(pl->sk_blocks, 0);
-    assert_int_equal(pl->grid[0], 1);
+    assert_int_equal(pl->grid[0], (M + 31) / 32);
     assert_int_equal(pl->grid[1], N / 64);
-    const long long tiles = N / 64, slots = (long long)st->sm_count * pl->blocks_per_sm;
+    const long long tiles = (long long)pl->grid[0] * (N / 64), slots = (long long)st->sm_count * pl->blocks_per_sm;
     assert_in_range(pl->splits, 2, 16);
     assert_true(tiles * pl->splits <= slots && tiles * 2 <= slots);
     assert_true((K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK >= pl->splits * (512 / W4A16_MOE_SPLIT_BK));
@@ -947,8 +949,9 @@ static void test_hand_checked_rows128(void **state) {
          1,
          112,
          132},
-        /* 16 tiles x 64 k-tiles: 1024 / 16 = 64 rows-64 blocks are fewer than the SMs; ws-64 blocks of 7-8 k-tiles */
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, WS64, 1, 16, 132},
+        /* 16 tiles x 128 k-tiles: 2048 / 16 = 128 rows-64 blocks are fewer than the SMs; ws-64 blocks of 15-16 k-tiles
+         * (at K = 4096 rows-32n: test_hand_checked_rows32n) */
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 8192, WS64, 1, 16, 132},
         /* M = 128 on a narrow layer: 16 rows-128 tiles x 64 k-tiles make 64 blocks of 16, fewer than the SMs (and the
          * 32-row plan splits K 3 ways); 32 ws-64 tiles shared among 132 blocks of 15-16 k-tiles */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
@@ -960,7 +963,7 @@ static void test_hand_checked_rows128(void **state) {
         {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 512, 4096, 4096, R64, 8, 16, 264},
         {{"H100 as sm80", "sm90", 132, 232448, 1, 1}, "sm80", W4A16_LAYOUT_MARLIN, 4096, 28672, 4096, R64, 64, 112, 0},
         /* without the image the M = 48 layer above has no 64-row plan (the mma.sync tile kernel) */
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, MMA, -1, -1, -1},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 8192, MMA, -1, -1, -1},
         /* M = 32, AWQ, K past rows32_max_k: 32 tiles x 462 k-tiles, stream-K over 170 blocks */
         {{"RTX 5090", "sm120", 170, 101376, 0, 1}, NULL, W4A16_LAYOUT_AWQ, 32, 8192, 29568, WS32, 1, 32, 170},
         /* M = 24: 48 tiles on 48 SMs, whole */
@@ -1101,15 +1104,17 @@ static void test_hand_checked_rows32_sk(void **state) {
 }
 
 /* By hand: rows-32n (32 x 64, K split across blocks: slots / tiles, at most 16, at least 4 k-tiles of 128 each) at
- * M 17-32, both layouts, where that takes 2 or more splits of at most 1792 k, off the narrow layers (whose 32 x 256
- * tiles make at most one per 8 SMs); 2 stages (32768 bytes, three blocks per 100 KB SM), 4 on Hopper-class SMs. */
+ * M 17-64 below the wgmma tiles, both layouts, where that takes 2 or more splits of at most 1792 k, off the narrow
+ * layers (whose 32 x 256 tiles make at most one per 8 SMs); 2 stages (32768 bytes, three blocks per 100 KB SM), 4 on
+ * Hopper-class SMs. */
 static void test_hand_checked_rows32n(void **state) {
     (void)state;
     enum {
         R32N = W4A16_KERNEL_ROWS32N,
         WS32 = W4A16_KERNEL_WS32,
         R16 = W4A16_KERNEL_ROWS16,
-        R32 = W4A16_KERNEL_ROWS32
+        R32 = W4A16_KERNEL_ROWS32,
+        WG = W4A16_KERNEL_WGMMA
     };
     const plan_device h100 = {"H100", "sm90", 132, 232448, 1, 1};
     const struct {
@@ -1135,6 +1140,11 @@ static void test_hand_checked_rows32n(void **state) {
         /* 224 tiles: 2 splits of 1792 k on an RTX PRO 6000's 564 slots; more than half of the H100's 396 */
         {{"RTX PRO 6000", "sm120", 188, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 14336, 3584, R32N, 2, 2},
         {h100, "sm120", W4A16_LAYOUT_MARLIN, 32, 14336, 3584, WS32, 0, 0},
+        /* M 33-64 (no wgmma tile under sm120): two row tiles; llama3-8b.o 128 tiles, 3 splits of 1365 k; at M = 64
+         * the native profile runs wgmma */
+        {h100, "sm120", W4A16_LAYOUT_MARLIN, 48, 4096, 4096, R32N, 3, 2},
+        {h100, "sm120", W4A16_LAYOUT_AWQ, 64, 4096, 4096, R32N, 3, 2},
+        {h100, NULL, W4A16_LAYOUT_MARLIN, 64, 4096, 4096, WG, 0, 0},
         /* GB10: N = 4096 is not narrow on 48 SMs (16 tiles of 32 x 256); 64 tiles on 144 slots, 2 splits of 1792 k
          * (on the H100 a narrow layer: rows-16) */
         {{"GB10", "sm121", 48, 101376, 0, 1}, NULL, W4A16_LAYOUT_MARLIN, 32, 4096, 3584, R32N, 2, 2},
@@ -1144,7 +1154,7 @@ static void test_hand_checked_rows32n(void **state) {
         const w4a16_plan pl = plan_on(&c[i].d, c[i].forced, c[i].layout, c[i].M, c[i].N, c[i].K, 0);
         assert_int_equal(pl.kind, c[i].kind);
         if (c[i].kind != R32N) continue;
-        assert_int_equal(pl.grid[0], 1);
+        assert_int_equal(pl.grid[0], (c[i].M + 31) / 32);
         assert_int_equal(pl.grid[1], c[i].N / 64);
         assert_int_equal(pl.splits, c[i].splits);
         assert_int_equal(pl.grid[2], c[i].splits);
