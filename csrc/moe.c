@@ -255,8 +255,9 @@ int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
      * and two stages fit them. The 64-row tile (4 warps, 2 blocks by registers) with 3 stages of 64 k takes 53-56 KB:
      * one block per 100 KB SM, so 4 warps to hide every latency; with 2 stages (35-37 KB) two blocks fit: 0.67-0.75x
      * the time at T >= 1024 under the sm120 profile (docs/PERFORMANCE.md "MoE m5"). The 32 x 64 tile (3 by
-     * registers) takes 38.8 KB with 3 stages of 128 k, two blocks per 100 KB SM; with 2 its warps' reduction buffer
-     * (32 KB) sizes it and three fit: 0.85-0.95x the time on the layers rows-32n runs ("v41"). */
+     * registers) takes 38.8 / 44.9 KB (Marlin / AWQ) with 3 stages of 128 k, two blocks per 100 KB SM; with 2 its
+     * warps' reduction buffer (32 KB) sizes it and three fit: 0.91-0.96x the 3-stage time on three of the four layers
+     * rows-32n won most on, 1.05x on the fourth ("v41"). */
     const int want = tile == W4A16_MOE_TILE_64 ? 2 : tile == W4A16_MOE_TILE_32x64 ? 3 : 0;
     if (want && st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, base) + st->smem_reserved) < want &&
         st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, 2) + st->smem_reserved) >= want)

@@ -134,9 +134,8 @@ static int mid32_narrow(const w4a16_device_state *st, int M, int N) {
 }
 
 /* The plan of MoE launch tile `tile` (W4A16_MOE_TILE_64, _32, _32x64, _16x64, _16x128 or a warp-specialised one) over
- * M x N,
- * its register budget allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not fit a
- * block. */
+ * M x N, its register budget allowing minb blocks per SM; returns its blocks per SM, 0 when its shared memory does not
+ * fit a block. */
 static int rows_plan(const w4a16_device_state *st, int layout, int tile, int minb, int M, int N, w4a16_plan *pl) {
     const int rows = w4a16_moe_tile_rows(tile), stages = w4a16_moe_stages(st, tile, layout);
     const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
@@ -258,7 +257,8 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
  *   (llama3-8b.down, K = 14336: 1.22x);
  * - in the mid32 regime (M 17-32, the 32 x 256 tile with one block per SM) where its tiles fill at least half of its
  *   slots (wide layers: 0.70 / 0.82x there, 1.25-2.7x on layers with 80 tiles or fewer);
- * - in the AWQ layout also at M 17-64 wherever its tiles fit one wave: the dense AWQ tiles are the slower layout there
+ * - in the AWQ layout also at M 17-64 wherever its tiles fit one wave (unless rows-32n takes the layer, plan_rows32n):
+ *   the dense AWQ tiles are the slower layout there
  *   (1.08-1.11x the Marlin path's time), and the MoE kernel's AWQ path took 0.80-0.95x their time on the narrow layers,
  *   where in the Marlin layout it lost 13-24% (docs/PERFORMANCE.md "v25"). */
 static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,

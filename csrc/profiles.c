@@ -20,8 +20,9 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * 2 per SM, the 4-warp mid tile once the 8-warp one's tiles alone fill every SM; from M = 33, where no wgmma tile runs,
  * the MoE kernel's 64 x 256 tile when its tiles fill 85% of one wave of its slots and 70% of all the waves they take,
  * else, with a workspace, with stream-K over its slots, each block at least 16 k-tiles, unless a 32-row plan splits K 3
- * ways or more (csrc/plan.c plan_rows64). At M 17-64 the MoE kernel's 32 x 64 tile where it splits K into pieces of at
- * most 1792 k (plan_rows32n). */
+ * ways or more (csrc/plan.c plan_rows64). Before all of these at M 17-64, below the wgmma tiles and off the layers
+ * narrow at M 17-32, the MoE kernel's 32 x 64 tile where its K split across blocks makes 2 or more pieces of at most
+ * 1792 k (plan_rows32n). */
 #define W4A16_MMA_REGIMES(small_max)                                                                                   \
     .small_max_m = small_max, .mid_max_m = 64, .mid2_max_m = 256, .small_split_tiles_per_sm = 2,                       \
     .mid_wide_tiles_per_sm = 1, .deep_decode_min_kt = 4, .mid32_min_tiles_per_8sm = 1, .rows64_min_fill = 85,          \
@@ -93,8 +94,9 @@ static const w4a16_profile sm89 = {
     W4A16_TILES_100KB,
 };
 /* Hopper: the deep decode tile with 3 stages (2 blocks per SM) split or not; M 17-32 on the tiles of the other
- * profiles (rows-32 on wide layers, the warp-specialised 32-row tile, else the 32 x 256 tile or decode tiles on narrow
- * layers: 0.72-1.06x the 64-token wgmma tile's time there before ws-32, docs/PERFORMANCE.md v30, v36); from M = 33 the
+ * profiles (rows-32n where its K splits are short, rows-32 on wide layers, the warp-specialised 32-row tile, else the
+ * 32 x 256 tile or decode tiles on narrow layers: 0.72-1.06x the 64-token wgmma tile's time there before ws-32,
+ * docs/PERFORMANCE.md v30, v36, v41); from M = 33 the
  * sm_90a wgmma kernel (up to 256 tokens the 64-token tile where the 256-token one's blocks would get at most 24
  * k-tiles: v31), from M = 1024 the staged path when the workspace holds a slab. */
 static const w4a16_profile sm90 = {

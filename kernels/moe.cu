@@ -94,12 +94,12 @@ __global__ void __launch_bounds__(1024)
 // Tile of one block (4 warps): BM = 16 MT rows (the routing block), BN = 64 WN channels, BK = 16 WK KS k per stage;
 // warp (wn, wk) computes the BM x 64 channels of group wn over k16 steps wk KS .. wk KS + KS - 1 of each stage, which
 // hold the next KS k16 steps of its k region.
-// The tiles (Cfg below, chosen per call by csrc/moe.c): 16 rows x 64 channels, the 4 warps splitting 128 k (the most
-// blocks and bytes in flight where few blocks exist; the only tile that also splits K across blocks); 16 x 128, 2
-// channel groups x 2-way K split of 64 k; 16 x 256, each warp 64 channels over whole 64-k stages (the fewest
-// instructions per weight, where blocks are plentiful); 32 rows: 128 channels, 2-way K split, or (dense calls) 64
-// channels with the 16 x 64 tile's 4-way split, each weight dequantised once for both m16 tiles; 64 rows: 256 channels,
-// no K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
+// The tiles (Cfg below, chosen per call by csrc/moe.c; for dense calls by csrc/plan.c): 16 rows x 64 channels, the 4
+// warps splitting 128 k (the most blocks and bytes in flight where few blocks exist; the tile MoE plans split K across
+// blocks for); 16 x 128, 2 channel groups x 2-way K split of 64 k; 16 x 256, each warp 64 channels over whole 64-k
+// stages (the fewest instructions per weight, where blocks are plentiful); 32 rows: 128 channels, 2-way K split, or
+// (dense calls) 64 channels with the 16 x 64 tile's 4-way split, each weight dequantised once for both m16 tiles; 64
+// rows: 256 channels, no K split (each weight fragment feeds 4 m16 tiles, the A tile is reused by 4 warps).
 __device__ __forceinline__ void add4(float4 &a, const float4 b) {
     a.x += b.x;
     a.y += b.y;
@@ -163,7 +163,7 @@ __device__ __forceinline__ bool last_to_arrive(int *counter, int add, int total,
 }
 
 // Resident blocks the register allocation must allow (csrc/moe.c counts blocks per SM from the occupancy API): 4 for
-// the 16-row tiles (<= 128 registers), 3 for the 32-row one (<= 168); unbounded, the compiler took 135 and 180.
+// the 16-row tiles (<= 128 registers), 3 for the 32-row ones (<= 168); unbounded, the compiler took 135 and 180.
 constexpr int min_blocks(int mt) { return mt == 1 ? 4 : mt == 2 ? 3 : 1; }
 
 // A stream-K segment's place in the division (SPLIT = 2): the block's workspace slot of a partial tile, the tile's

@@ -66,7 +66,7 @@ enum {
     W4A16_MOE_TILE_WS64 = 6,   /* 64 x 256, 64 k: the same kernel with 64-row warp tiles */
     W4A16_MOE_TILE_WS32 = 7,   /* 32 x 256, 64 k: ... 32-row warp tiles (M 17-32) */
     W4A16_MOE_TILE_32x64 = 8,  /* 32 x 64, 128 k: the 16 x 64 tile's 4-way K split, each weight fragment feeding two m16
-                                  tiles (dense M 17-32 on narrow layers) */
+                                  tiles (dense rows-32n: M 17-64 below the wgmma tiles, K split across blocks) */
     W4A16_MOE_TILES = 9
 };
 
