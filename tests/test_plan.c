@@ -340,6 +340,28 @@ static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *p
     rows32n_plans++;
 }
 
+/* The other direction: whether a call meets rows-32n's rule, so that no earlier plan may take it (M 17-64 below the
+ * wgmma tiles, a workspace, at M 17-32 not a narrow layer, the 32 x 64 tile's K split across blocks at least 2 splits
+ * of at most rows32n_max_split_k k; its blocks per SM: three by registers, fewer where shared memory runs out). */
+static int rows32n_rule(const w4a16_device_state *st, int layout, int M, int N, int K, int ws) {
+    const w4a16_profile *p = st->profile;
+    if (p->rows32n_max_split_k <= 0 || ws == 0 || K % 64 || M <= p->small_max_m || M > p->mid_max_m) return 0;
+    if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) return 0;
+    const w4a16_gemm_config *m32 = w4a16_config(p->mid32.cfg);
+    if (M <= p->mid32_max_m && (long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
+                                       ((N + w4a16_cfg_bn(m32) - 1) / w4a16_cfg_bn(m32)) * 8 <=
+                                   (long long)p->mid32_min_tiles_per_8sm * st->sm_count)
+        return 0;
+    const int smem =
+        w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, layout, w4a16_moe_stages(st, W4A16_MOE_TILE_32x64, layout));
+    if ((size_t)smem > st->smem_optin) return 0;
+    int per_sm = st->smem_per_sm / (smem + st->smem_reserved);
+    per_sm = per_sm > 3 ? 3 : per_sm < 1 ? 1 : per_sm;
+    const int tiles = (M + 31) / 32 * (N / 64), kt = (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK;
+    const int splits = w4a16_choose_splits(per_sm, tiles, kt, st->sm_count, 512 / W4A16_MOE_SPLIT_BK);
+    return splits >= 2 && (K + splits - 1) / splits <= p->rows32n_max_split_k;
+}
+
 /* A stream-K plan of a MoE launch tile (rows x bn) over its t tiles, K deep, on `slots` block slots: no K split, every
  * tile shared, at least one block per SM and at most one per slot, each block at least min_kt k-tiles of 64, the
  * workspace (class ws) holding two partial tiles per block and a counter per tile. */
@@ -411,6 +433,7 @@ static void test_plan_invariants(void **state) {
                                 w4a16_plan_gemm(&st, layout, dt, M, N, K, ws_bytes(ws, st.sm_count, N, K), "test", &pl),
                                 W4A16_OK);
                             assert_int_equal(pl.carveout, st.carveout);
+                            if (rows32n_rule(&st, layout, M, N, K, ws)) assert_int_equal(pl.kind, W4A16_KERNEL_ROWS32N);
                             if (pl.kind == W4A16_KERNEL_STAGED) {
                                 assert_true(st.wgmma && ws >= 2 && M >= st.profile->staged_min_m);
                                 assert_true(pl.slab_channels % W4A16_DENSE_BN == 0 || pl.slab_channels == N);
