@@ -296,6 +296,13 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
     return 1;
 }
 
+/* K splits across blocks of a MoE-tile plan whose 4 warps split each 128-k stage (16 x 64, 32 x 64), as the decode
+ * tiles split K: the slots once, at least 512 k a split. */
+static int split_128k(const w4a16_device_state *st, int per_sm, const w4a16_plan *pl, int K) {
+    return w4a16_choose_splits(per_sm, pl->grid[0] * pl->grid[1], cdiv(K, W4A16_MOE_SPLIT_BK), st->sm_count,
+                               512 / W4A16_MOE_SPLIT_BK);
+}
+
 /* M from rows16_min_m to small_max_m (16), and M 17-32 on the narrow layers that run the decode tiles there
  * (mid32_narrow): the MoE kernel's 16-row tiles (kernels/moe.cu: the activations the MMAs' 16-row operand, each weight
  * dequantised once in registers with its scale) in place of the decode kernel's 16-token form (two 8-token MMA
@@ -325,9 +332,7 @@ static int plan_rows16(const w4a16_device_state *st, int layout, int M, int N, i
     c = *pl;
     const int per_sm64 = rows_plan(st, layout, W4A16_MOE_TILE_16x64, 4, M, N, &c);
     if (!per_sm64) return 0;
-    if (workspace_bytes > 0)
-        c.splits = w4a16_choose_splits(per_sm64, c.grid[0] * c.grid[1], cdiv(K, W4A16_MOE_SPLIT_BK), st->sm_count,
-                                       512 / W4A16_MOE_SPLIT_BK);
+    if (workspace_bytes > 0) c.splits = split_128k(st, per_sm64, &c, K);
     c.grid[2] = c.splits;
     *pl = c;
     return 1;
@@ -352,8 +357,7 @@ static int plan_rows32n(const w4a16_device_state *st, int layout, int M, int N, 
     w4a16_plan c = *pl;
     const int per_sm = rows_plan(st, layout, W4A16_MOE_TILE_32x64, 3, M, N, &c); /* its register budget: three */
     if (!per_sm) return 0;
-    c.splits = w4a16_choose_splits(per_sm, c.grid[0] * c.grid[1], cdiv(K, W4A16_MOE_SPLIT_BK), st->sm_count,
-                                   512 / W4A16_MOE_SPLIT_BK);
+    c.splits = split_128k(st, per_sm, &c, K);
     if (c.splits < 2 || cdiv(K, c.splits) > p->rows32n_max_split_k) return 0;
     c.grid[2] = c.splits;
     *pl = c;
