@@ -307,42 +307,10 @@ static void check_rows16_plan(const w4a16_device_state *st, const w4a16_plan *pl
     }
 }
 
-/* A rows-32n plan (the MoE kernel's 32 x 64 tile): M 17-64 below the wgmma tiles, either layout, at M 17-32 not a
- * narrow layer (mid32_narrow's count: at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs), three
- * blocks per SM at most (its register budget) within the profile's SM, K split across blocks as rows-16 splits it (the
- * slots once, at least 512 k a split) into 2 or more splits of at most rows32n_max_split_k k. */
-static int rows32n_plans;
-static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K,
-                               int ws) {
-    const w4a16_profile *p = st->profile;
-    assert_true(p->rows32n_max_split_k > 0 && M > p->small_max_m && M <= p->mid_max_m && K % 64 == 0);
-    assert_false(st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m);
-    assert_true(ws > 0);
-    const w4a16_gemm_config *m32 = w4a16_config(p->mid32.cfg);
-    if (M <= p->mid32_max_m)
-        assert_true((long long)((M + w4a16_cfg_bm(m32) - 1) / w4a16_cfg_bm(m32)) *
-                        ((N + w4a16_cfg_bn(m32) - 1) / w4a16_cfg_bn(m32)) * 8 >
-                    (long long)p->mid32_min_tiles_per_8sm * st->sm_count);
-    assert_int_equal(pl->cfg, 32);
-    assert_int_equal(pl->threads, W4A16_MOE_THREADS);
-    assert_int_equal(pl->stages, w4a16_moe_stages(st, W4A16_MOE_TILE_32x64, layout));
-    assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, layout, pl->stages));
-    assert_in_range(pl->blocks_per_sm, 1, 3);
-    assert_true(pl->blocks_per_sm * (pl->smem_bytes + st->smem_reserved) <= st->smem_per_sm);
-    assert_int_equal(pl->sk_blocks, 0);
-    assert_int_equal(pl->grid[0], (M + 31) / 32);
-    assert_int_equal(pl->grid[1], N / 64);
-    const long long tiles = (long long)pl->grid[0] * (N / 64), slots = (long long)st->sm_count * pl->blocks_per_sm;
-    assert_in_range(pl->splits, 2, 16);
-    assert_true(tiles * pl->splits <= slots && tiles * 2 <= slots);
-    assert_true((K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK >= pl->splits * (512 / W4A16_MOE_SPLIT_BK));
-    assert_true((K + pl->splits - 1) / pl->splits <= p->rows32n_max_split_k);
-    rows32n_plans++;
-}
-
-/* The other direction: whether a call meets rows-32n's rule, so that no earlier plan may take it (M 17-64 below the
- * wgmma tiles, a workspace, at M 17-32 not a narrow layer, the 32 x 64 tile's K split across blocks at least 2 splits
- * of at most rows32n_max_split_k k; its blocks per SM: three by registers, fewer where shared memory runs out). */
+/* Whether a call meets rows-32n's rule (M 17-64 below the wgmma tiles, a workspace, at M 17-32 not a narrow layer:
+ * mid32_narrow's count, at most mid32_min_tiles_per_8sm tiles of the mid32 config per 8 SMs; the 32 x 64 tile's K
+ * split across blocks at least 2 splits of at most rows32n_max_split_k k; its blocks per SM: three by registers, fewer
+ * where shared memory runs out): every rows-32n plan meets it, and no other plan may take such a call. */
 static int rows32n_rule(const w4a16_device_state *st, int layout, int M, int N, int K, int ws) {
     const w4a16_profile *p = st->profile;
     if (p->rows32n_max_split_k <= 0 || ws == 0 || K % 64 || M <= p->small_max_m || M > p->mid_max_m) return 0;
@@ -360,6 +328,31 @@ static int rows32n_rule(const w4a16_device_state *st, int layout, int M, int N, 
     const int tiles = (M + 31) / 32 * (N / 64), kt = (K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK;
     const int splits = w4a16_choose_splits(per_sm, tiles, kt, st->sm_count, 512 / W4A16_MOE_SPLIT_BK);
     return splits >= 2 && (K + splits - 1) / splits <= p->rows32n_max_split_k;
+}
+
+/* A rows-32n plan (the MoE kernel's 32 x 64 tile): a call that meets the rule, either layout, three blocks per SM at
+ * most (its register budget) within the profile's SM, K split across blocks as rows-16 splits it (the slots once, at
+ * least 512 k a split) into 2 or more splits of at most rows32n_max_split_k k. */
+static int rows32n_plans;
+static void check_rows32n_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K,
+                               int ws) {
+    const w4a16_profile *p = st->profile;
+    assert_true(rows32n_rule(st, layout, M, N, K, ws));
+    assert_int_equal(pl->cfg, 32);
+    assert_int_equal(pl->threads, W4A16_MOE_THREADS);
+    assert_int_equal(pl->stages, w4a16_moe_stages(st, W4A16_MOE_TILE_32x64, layout));
+    assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(W4A16_MOE_TILE_32x64, layout, pl->stages));
+    assert_in_range(pl->blocks_per_sm, 1, 3);
+    assert_true(pl->blocks_per_sm * (pl->smem_bytes + st->smem_reserved) <= st->smem_per_sm);
+    assert_int_equal(pl->sk_blocks, 0);
+    assert_int_equal(pl->grid[0], (M + 31) / 32);
+    assert_int_equal(pl->grid[1], N / 64);
+    const long long tiles = (long long)pl->grid[0] * (N / 64), slots = (long long)st->sm_count * pl->blocks_per_sm;
+    assert_in_range(pl->splits, 2, 16);
+    assert_true(tiles * pl->splits <= slots && tiles * 2 <= slots);
+    assert_true((K + W4A16_MOE_SPLIT_BK - 1) / W4A16_MOE_SPLIT_BK >= pl->splits * (512 / W4A16_MOE_SPLIT_BK));
+    assert_true((K + pl->splits - 1) / pl->splits <= p->rows32n_max_split_k);
+    rows32n_plans++;
 }
 
 /* A stream-K plan of a MoE launch tile (rows x bn) over its t tiles, K deep, on `slots` block slots: no K split, every
