@@ -251,11 +251,7 @@ void run_case(benchmark::State &state, const w4a16_layer *ly, Path p, int M, w4a
     if (p != CUBLAS)
         for (const Row &c : rows)
             if (c.layer == ly->name && c.path == "cublas_fp16" && c.M == M) state.counters["x_cublas"] = us / c.us;
-    Row *seen = find(r.layer, r.path.c_str(), r.dtype, M, r.forced); // this case in an earlier sweep
-    if (!seen)
-        rows.push_back(r);
-    else if (r.us < seen->us)
-        *seen = r;
+    keep_lowest(rows, find(r.layer, r.path.c_str(), r.dtype, M, r.forced), r);
     if (p != CUBLAS && profile) W4_CHECK(w4a16_force_profile(start_profile));
 }
 

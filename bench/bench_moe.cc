@@ -264,13 +264,10 @@ void run_case(benchmark::State &state, const Model *m, int T, bool down, Path p,
     const Row r{
         m->name, down ? "w2" : "w13", path_names[p], profile ? profile : dev.info.profile, T, m->E, m->top_k, K, N, us,
         fl,      d->touched_avg};
-    auto seen = std::find_if(rows.begin(), rows.end(), [&](const Row &o) { // this case in an earlier sweep
+    const auto seen = std::find_if(rows.begin(), rows.end(), [&](const Row &o) {
         return o.model == r.model && o.gemm == r.gemm && o.path == r.path && o.profile == r.profile && o.T == r.T;
     });
-    if (seen == rows.end())
-        rows.push_back(r);
-    else if (r.us < seen->us)
-        *seen = r;
+    keep_lowest(rows, seen == rows.end() ? nullptr : &*seen, r);
     if (profile) W4_CHECK(w4a16_force_profile(start_profile));
 }
 

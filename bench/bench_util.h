@@ -7,6 +7,15 @@
 
 #include "../tests/gpu_util.h"
 
+// A result row for a case: `seen` is that case's row from an earlier sweep of the list (--sweeps), or null; the case
+// keeps the lower of its times.
+template <class Row> void keep_lowest(std::vector<Row> &rows, Row *seen, const Row &r) {
+    if (!seen)
+        rows.push_back(r);
+    else if (r.us < seen->us)
+        *seen = r;
+}
+
 // Microseconds per launch: 9 samples of `reps` launches each, timed with CUDA events; the median sample, the lower
 // of two passes. launch() enqueues one launch.
 template <class Launch> double time_launches(Launch &&launch, int reps, cudaEvent_t e0, cudaEvent_t e1) {
