@@ -689,9 +689,9 @@ static void test_rows16_tiles(void **state) {
 /* M 17-64 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile (but where a
  * wgmma tile runs from M = 33), both layouts: at M 17-32 a layer of SMs + 1 such tiles (a quarter of an SM count of
  * 32 x 256 tiles: not a narrow layer), at M 33-64 one of 3/4 of an SM count (two row tiles); both under half of their
- * three slots per SM: two K splits of 512 or 1024 k. M = 17, 24, 40 (partial row blocks), 32 and 64, both dtypes, every
- * group size, GPTQ's symmetric weights, with and without bias, and without a workspace (no split: another plan),
- * against cuBLAS. */
+ * three slots per SM: two K splits. M = 17, 24, 40 (partial row blocks), 32 and 64, both dtypes, every group size,
+ * GPTQ's symmetric weights, with and without bias, and without a workspace (no split: another plan); then K tails
+ * (AWQ K = 2112, per-channel scales at K = 1536 and 2112); against cuBLAS. */
 static void test_rows32n_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -724,6 +724,34 @@ static void test_rows32n_tiles(void **state) {
             stats_print(what, &st);
         }
     }
+    /* K tails on one and two row tiles, under sm120 and the GPU's own profile: the AWQ layout at K = 2112 (the last
+     * 128-k stage half past K; G = 64 and per-channel), the Marlin layout with per-channel scales at K = 1536 (not a
+     * power of two) */
+    const struct { int path, K, G; } tails[] = {{PATH_AWQ, 2112, 64}, {PATH_AWQ, 2112, -1}, {PATH_MARLIN, 1536, -1}};
+    const char *tail_profiles[] = {"sm120", NULL};
+    for (int pr = 0; pr < 2; pr++)
+        for (int t = 0; t < 3; t++)
+            for (int M = 24; M <= 40; M += 16) {
+                const int K = tails[t].K, N = 64 * (M <= 32 ? sm_count + 1 : sm_count * 3 / 4);
+                W4_CHECK(w4a16_force_profile(tail_profiles[pr]));
+                w4a16_gemm_plan_info pi;
+                W4_CHECK(w4a16_gemm_plan(tails[t].path == PATH_MARLIN, M, N, K, tails[t].G, W4A16_FP16, workspace_bytes,
+                                         &pi));
+                if (strcmp(pi.kernel, "wgmma") == 0) continue;
+                if (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2)
+                    fail_msg("%s M=%d N=%d K=%d G=%d: planned %s, expected rows-32n with K splits",
+                             path_name[tails[t].path], M, N, K, tails[t].G, pi.text);
+                gpu_layer L;
+                gpu_layer_make(&L, K, N, tails[t].G, W4A16_FP16, 0, tails[t].path == PATH_MARLIN, &seed);
+                stats st = {0};
+                check_gemm(tails[t].path, &L, M, t % 2, 1, &st);
+                gpu_layer_free(&L);
+                char what[96];
+                snprintf(what, sizeof what, "rows-32n %s K=%d G=%d M=%d (profile %s)", path_name[tails[t].path], K,
+                         tails[t].G, M, tail_profiles[pr] ? tail_profiles[pr] : "own");
+                stats_print(what, &st);
+                planned++;
+            }
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
     if (planned < 3) fail_msg("rows-32n planned on %d calls only", planned);
 }
@@ -732,9 +760,10 @@ static void test_rows32n_tiles(void **state) {
  * rows-32n K split, without cuBLAS, so that make sanitize's racecheck and synccheck (tests *selfref*) cover their
  * mbarrier pipeline and stream-K / split-K handshakes: each call against the same call under the sm86 profile (which
  * fits every GPU and never plans the warp-specialised tiles; its rows-32 plan is checked against cuBLAS in
- * test_rows_tiles; it plans rows-32n too, which test_rows32n_tiles checks against cuBLAS), under the sm120 profile and
- * the GPU's own. Outputs poisoned, every element written, two runs bit-identical (the stream-K parts are added in block
- * order); whole tiles, stream-K within a tile and across tiles, partial row and channel tiles, both layouts. */
+ * test_rows_tiles; it plans rows-32n too, so that shape's reference runs without a workspace, unsplit), under the sm120
+ * profile and the GPU's own. Outputs poisoned, every element written, two runs bit-identical (the stream-K parts are
+ * added in block order); whole tiles, stream-K within a tile and across tiles, partial row and channel tiles, both
+ * layouts. */
 static void test_selfref_ws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -795,7 +824,10 @@ static void test_selfref_ws_tiles(void **state) {
                             if (!checked) break;
                         }
                         GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
-                        W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, workspace, workspace_bytes, 0, NULL));
+                        /* sm86 plans rows-32n too: its reference runs unsplit (no workspace), so another plan */
+                        const int no_ws = run == 0 && strcmp(shapes[sh].kernel, "rows-32n") == 0;
+                        W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, no_ws ? NULL : workspace,
+                                            no_ws ? 0 : workspace_bytes, 0, NULL));
                         GPU_CHECK(cudaMemcpy(outs[run], C, nC * 2, cudaMemcpyDeviceToHost));
                         if (run == 2) {
                             double num = 0, den = 0;
