@@ -47,6 +47,11 @@ typedef struct w4a16_profile {
      * and its blocks would take at most wgmma_t64_max_kt k-tiles of 64 each (> 0) */
     int wgmma_min_m, wgmma_t128_min_m, wgmma_large_min_m;
     int wgmma_t128_min_tiles, wgmma_wide_min_half_tiles_per_sm, wgmma_t64_max_kt;
+    /* > 0: where a one-block-per-SM wgmma plan takes no K split, stream-K over the SMs (csrc/plan.c wgmma_plan) where
+     * it is predicted to take at most 95% of the whole tiles' time (80% where the activations take more than
+     * wgmma_sk_act_l2_bytes), counting a stream-K block's fixed cost as wgmma_sk_overhead_kt k-tiles of 64 */
+    int wgmma_sk_overhead_kt;
+    size_t wgmma_sk_act_l2_bytes;
     int staged_min_m;            /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
                                     dequantised weights (w4a16_workspace_size_staged) */
     int mid32_min_tiles_per_8sm; /* M 17-32 (mid32) keeps the decode tiles where the mid32 tile makes at most this many

@@ -76,7 +76,7 @@ void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int
     *sk_tiles = (int)shared;
 }
 
-/* The plan of wgmma tile `id` over M x N x K: its K splits and grid. */
+/* The plan of wgmma tile `id` over M x N x K: its K splits, or stream-K, and grid. */
 static void wgmma_plan(const w4a16_device_state *st, int id, int M, int N, int K, size_t workspace_bytes,
                        w4a16_plan *pl) {
     const int tiles_m = cdiv(M, w4a16_wgmma_tm(id)), tiles_n = cdiv(N, w4a16_wgmma_bn(id));
@@ -86,11 +86,42 @@ static void wgmma_plan(const w4a16_device_state *st, int id, int M, int N, int K
     pl->threads = w4a16_wgmma_threads(id);
     pl->blocks_per_sm = w4a16_wgmma_minb(id);
     pl->splits = 1;
+    pl->sk_blocks = pl->sk_tiles = 0;
     if (workspace_bytes > 0)
         pl->splits = w4a16_choose_splits(pl->blocks_per_sm, tiles_m * tiles_n, cdiv(K, 64), st->sm_count, 2);
     pl->grid[0] = tiles_m;
     pl->grid[1] = tiles_n;
     pl->grid[2] = pl->splits;
+    /* Whole tiles whose last wave is part empty: stream-K over the SMs (the mma.sync tile kernel's division: every
+     * block an equal run of (tile, k-tile) units, at least 4 k-tiles) where it is predicted to take at most 95% of
+     * the whole tiles' time, each block costing wgmma_sk_overhead_kt k-tiles more (its second pipeline fill, the
+     * partial tiles' stores and the last block's additions). On the H100 that count predicted the measured ratio within
+     * 0.07 on 26 of 31 layer shapes at M 128-2048 (0.66-1.20x). The others had activations of 29-105 MB: the blocks
+     * then read A at k offsets spread over all of K at once, past what the L2 keeps (whole tiles of a wave read the
+     * same k range), and gained less than predicted or lost (qwen3-32b.down at M = 2048: 0.83 predicted, 1.11
+     * measured), so there the prediction must be at most 80% (docs/PERFORMANCE.md v44). Needs the workspace to hold two
+     * partial tiles per block and a counter per shared tile; the two-block tiles are built without the stream-K loop
+     * (its state would spill under their register budget). */
+    const w4a16_profile *p = st->profile;
+    const int ovh = p->wgmma_sk_overhead_kt;
+    if (pl->splits > 1 || ovh <= 0 || !workspace_bytes || pl->blocks_per_sm > 1) return;
+    const long long tiles = (long long)tiles_m * tiles_n, slots = st->sm_count;
+    const int num_kt = cdiv(K, 64);
+    int skb, skt;
+    w4a16_plan_stream_k(tiles, num_kt, (int)slots, 4, 1, &skb, &skt);
+    if (skb == 0) return;
+    const size_t counters = w4a16_workspace_counters_bytes(st->sm_count);
+    const size_t tile_bytes = (size_t)w4a16_wgmma_tm(id) * w4a16_wgmma_bn(id) * sizeof(float);
+    if ((size_t)skt > counters / sizeof(int) || counters + 2 * (size_t)skb * tile_bytes > workspace_bytes) return;
+    /* k-tiles on the busiest SM: whole tiles in full waves, or the shared run plus the whole tiles after it */
+    const double whole = (double)((tiles + slots - 1) / slots) * num_kt;
+    const double shared = (double)skt * num_kt / skb + (double)(tiles - skt) / slots * num_kt + ovh;
+    const int max_pct = (double)M * K * 2 > (double)p->wgmma_sk_act_l2_bytes ? 80 : 95;
+    if (shared * 100 > whole * max_pct) return;
+    pl->sk_blocks = skb;
+    pl->sk_tiles = skt;
+    pl->grid[0] = (int)(skb + tiles - skt);
+    pl->grid[1] = 1;
 }
 
 /* The sm_90a wgmma tile for M on this device (profile thresholds), its K splits and grid. */
@@ -496,14 +527,18 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
     if (pl->kind == W4A16_KERNEL_STAGED)
         n = snprintf(buf, size, "staged: slabs of %d channels, dense GEMM on %d blocks", pl->slab_channels,
                      pl->grid[0]);
-    else if (pl->kind == W4A16_KERNEL_WGMMA)
-        n = snprintf(buf, size,
-                     "wgmma config %d (%d tokens x %d channels, %d stages), %d K split%s, grid %dx%dx%d, "
-                     "%d threads, %d block%s/SM",
-                     pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, pl->splits,
-                     pl->splits > 1 ? "s" : "", pl->grid[0], pl->grid[1], pl->grid[2], pl->threads, pl->blocks_per_sm,
-                     pl->blocks_per_sm > 1 ? "s" : "");
-    else if (W4A16_KERNEL_ROWS(pl->kind)) {
+    else if (pl->kind == W4A16_KERNEL_WGMMA) {
+        char split[64];
+        if (pl->sk_blocks > 0)
+            snprintf(split, sizeof split, "stream-K %d blocks over %d tiles, grid %d", pl->sk_blocks, pl->sk_tiles,
+                     pl->grid[0]);
+        else
+            snprintf(split, sizeof split, "%d K split%s, grid %dx%dx%d", pl->splits, pl->splits > 1 ? "s" : "",
+                     pl->grid[0], pl->grid[1], pl->grid[2]);
+        n = snprintf(buf, size, "wgmma config %d (%d tokens x %d channels, %d stages), %s, %d threads, %d block%s/SM",
+                     pl->cfg, w4a16_wgmma_tm(pl->cfg), w4a16_wgmma_bn(pl->cfg), pl->stages, split, pl->threads,
+                     pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
+    } else if (W4A16_KERNEL_ROWS(pl->kind)) {
         const int tile = w4a16_kernel_moe_tile(pl->kind);
         char split[64];
         if (pl->sk_blocks > 0)

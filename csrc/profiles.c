@@ -117,6 +117,8 @@ static const w4a16_profile sm90 = {
     .wgmma_t128_min_tiles = 32,
     .wgmma_wide_min_half_tiles_per_sm = 3,
     .wgmma_t64_max_kt = 24,
+    .wgmma_sk_overhead_kt = 22,
+    .wgmma_sk_act_l2_bytes = 25u << 20, /* half the H100's and H200's L2 */
     .staged_min_m = 1024,
 };
 static const w4a16_profile sm100 = {

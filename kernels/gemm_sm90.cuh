@@ -62,121 +62,166 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wn = warp / NH, wh = warp % NH, j0 = wh * NB;
-    const int m0 = blockIdx.x * TM, n0 = blockIdx.y * BN;
     const int M = p.M, N = p.N;
-    const int splits = gridDim.z;
     constexpr int AHEAD = STAGES - 2;
+    constexpr int V = II * ACC / 4; // float4 of partial sums per thread
+    const int num_kt = (p.K + BK - 1) / BK;
 
-    StageCopy<T, ATile, WTile, BK> copy;
-    copy.plan(p, m0, n0, tid);
-    const int kt_begin = copy.kt_begin, nk = copy.nk, gshift = copy.gshift, g_last = copy.g_last;
-    auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt); };
+    // One segment: k-tiles [kt_begin, kt_begin + nk) of the tile at (m0, n0). `mode` 0: the whole tile, or the K split
+    // of the grid's z (split-K); 1 / 2: part of stream-K tile `sk_tile`, this block's first / later segment.
+    auto segment = [&](int m0, int n0, int kt_begin, int nk, int mode, int sk_tile) {
+        StageCopy<T, ATile, WTile, BK> copy;
+        copy.plan(p, m0, n0, tid, kt_begin, nk);
+        const int gshift = copy.gshift, g_last = copy.g_last;
+        auto load_stage = [&](int kt, int slot) { copy.issue(p, smem + slot * STAGE_BYTES, kt); };
 
-    float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
+        float acc[II][ACC]; // no initialisation: the first wgmma of each overwrites (scale-d = 0)
 
-    copy.prologue(p, smem, STAGE_BYTES, kt_begin, min(AHEAD, nk), AHEAD);
-    // A fragments of a stage's wgmma batches (KPB k16 steps each): [batch][k16 step][wgmma x 4 registers]
-    uint32_t a[NBATCH][KPB][4 * II];
+        copy.prologue(p, smem, STAGE_BYTES, kt_begin, min(AHEAD, nk), AHEAD);
+        // A fragments of a stage's wgmma batches (KPB k16 steps each): [batch][k16 step][wgmma x 4 registers]
+        uint32_t a[NBATCH][KPB][4 * II];
 #pragma unroll
-    for (int h = 0; h < NBATCH; h++)
-#pragma unroll
-        for (int kh = 0; kh < KPB; kh++)
-#pragma unroll
-            for (int e = 0; e < 4 * II; e++) a[h][kh][e] = 0;
-    int cur_group = -1;
-    int i = 0, slot = 0, pf_slot = AHEAD; // slots of stage i and of stage i + AHEAD
-    do {                                  // nk >= 1: K >= 32, and the host gives every split at least one k-tile
-        cp_async_wait<AHEAD - 1>();
-        fence_proxy_async_smem();
-        __syncthreads();
-        {
-            if (i + AHEAD < nk) load_stage(kt_begin + i + AHEAD, pf_slot);
-            pf_slot = pf_slot + 1 == STAGES ? 0 : pf_slot + 1;
-            cp_async_commit();
-        }
-        const unsigned char *st = smem + slot * STAGE_BYTES;
-        slot = slot + 1 == STAGES ? 0 : slot + 1;
-        const unsigned char *wst = st + ATile::BYTES;
-        const int k0 = (kt_begin + i) * BK;
-        uint64_t desc[4]; // the stage's activation tile at k16 steps 0..3
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) desc[ks] = smem_desc_sw128(st + ks * 32);
-#pragma unroll
-        for (int h = 0; h < NBATCH; h++) {
-#pragma unroll
-            for (int kh = 0; kh < KPB; kh++) {
-                const int ks = KPB * h + kh;
-                const int g = (k0 + ks * 16) >> gshift;
-                if (g != cur_group) {
-                    cur_group = g;
-                    copy.wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
-                                  p.marlin_channelwise);
-                }
-                copy.wt.fetch(wst, ks, wn, wh, lane, 0);
-                uint32_t b[NB][2];
-                copy.wt.dequant(0, wh, b);
-#pragma unroll
-                for (int ii = 0; ii < II; ii++) {
-                    a[h][kh][4 * ii + 0] = b[2 * ii][0];     // row r,     k 2q..2q+1
-                    a[h][kh][4 * ii + 1] = b[2 * ii + 1][0]; // row r + 8, k 2q..2q+1
-                    a[h][kh][4 * ii + 2] = b[2 * ii][1];     // row r,     k 2q+8..2q+9
-                    a[h][kh][4 * ii + 3] = b[2 * ii + 1][1]; // row r + 8, k 2q+8..2q+9
-                }
-            }
-            wgmma_wait<0>();                              // the previous batch has finished reading its fragments ...
-            fence_operands(a[(h + NBATCH - 1) % NBATCH]); // ... which stay in their registers until here, so the
-            wgmma_fence();                                // dequantisation above cannot have been given the same ones
+        for (int h = 0; h < NBATCH; h++)
 #pragma unroll
             for (int kh = 0; kh < KPB; kh++)
 #pragma unroll
-                for (int ii = 0; ii < II; ii++)
-                    wgmma_m64k16<T, TM>(acc[ii], &a[h][kh][4 * ii], desc[KPB * h + kh], i + h + kh > 0);
-            wgmma_commit();
-        }
-    } while (++i < nk);
-    if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
-    wgmma_wait<0>();
+                for (int e = 0; e < 4 * II; e++) a[h][kh][e] = 0;
+        int cur_group = -1;
+        int i = 0, slot = 0, pf_slot = AHEAD; // slots of stage i and of stage i + AHEAD
+        do {                                  // nk >= 1: the host gives every split and segment at least one k-tile
+            cp_async_wait<AHEAD - 1>();
+            fence_proxy_async_smem();
+            __syncthreads();
+            {
+                if (i + AHEAD < nk) load_stage(kt_begin + i + AHEAD, pf_slot);
+                pf_slot = pf_slot + 1 == STAGES ? 0 : pf_slot + 1;
+                cp_async_commit();
+            }
+            const unsigned char *st = smem + slot * STAGE_BYTES;
+            slot = slot + 1 == STAGES ? 0 : slot + 1;
+            const unsigned char *wst = st + ATile::BYTES;
+            const int k0 = (kt_begin + i) * BK;
+            uint64_t desc[4]; // the stage's activation tile at k16 steps 0..3
 #pragma unroll
-    for (int ii = 0; ii < II; ii++) fence_operands(acc[ii]);
-    cp_async_wait_all();
+            for (int ks = 0; ks < 4; ks++) desc[ks] = smem_desc_sw128(st + ks * 32);
+#pragma unroll
+            for (int h = 0; h < NBATCH; h++) {
+#pragma unroll
+                for (int kh = 0; kh < KPB; kh++) {
+                    const int ks = KPB * h + kh;
+                    const int g = (k0 + ks * 16) >> gshift;
+                    if (g != cur_group) {
+                        cur_group = g;
+                        copy.wt.group(wst, min(g, g_last) - (k0 >> gshift), wn, wh, lane, p.zeros != nullptr,
+                                      p.marlin_channelwise);
+                    }
+                    copy.wt.fetch(wst, ks, wn, wh, lane, 0);
+                    uint32_t b[NB][2];
+                    copy.wt.dequant(0, wh, b);
+#pragma unroll
+                    for (int ii = 0; ii < II; ii++) {
+                        a[h][kh][4 * ii + 0] = b[2 * ii][0];     // row r,     k 2q..2q+1
+                        a[h][kh][4 * ii + 1] = b[2 * ii + 1][0]; // row r + 8, k 2q..2q+1
+                        a[h][kh][4 * ii + 2] = b[2 * ii][1];     // row r,     k 2q+8..2q+9
+                        a[h][kh][4 * ii + 3] = b[2 * ii + 1][1]; // row r + 8, k 2q+8..2q+9
+                    }
+                }
+                wgmma_wait<0>();                              // the previous batch has finished reading its fragments
+                fence_operands(a[(h + NBATCH - 1) % NBATCH]); // ... which stay in their registers until here, so the
+                wgmma_fence(); // dequantisation above cannot have been given the same ones
+#pragma unroll
+                for (int kh = 0; kh < KPB; kh++)
+#pragma unroll
+                    for (int ii = 0; ii < II; ii++)
+                        wgmma_m64k16<T, TM>(acc[ii], &a[h][kh][4 * ii], desc[KPB * h + kh], i + h + kh > 0);
+                wgmma_commit();
+            }
+        } while (++i < nk);
+        if (p.pdl) pdl_launch_dependents(); // main loop done: the next GEMM may start its weight loads
+        wgmma_wait<0>();
+#pragma unroll
+        for (int ii = 0; ii < II; ii++) fence_operands(acc[ii]);
+        cp_async_wait_all();
 
-    // ---- split-K across blocks: fp32 (or T) partials to the workspace, the last block of the tile adds them in
-    // split order (deterministic), resets the tile's counter and goes on to the epilogue.
-    if (splits > 1) {
-        constexpr int V = II * ACC / 4; // float4 per thread
-        auto slot = [&](int v) -> float * { return &acc[v / (ACC / 4)][4 * (v % (ACC / 4))]; };
-        if (!split_k_reduce<T, V>(
-                p, V * THREADS, tid, THREADS, tid, slot, [](int) { return true; }, []() { __syncthreads(); }))
+        // ---- K split across blocks, or part of a stream-K tile: fp32 (or T) partials to the workspace; the last
+        // block of the tile adds them in split / block order (deterministic), resets the tile's counter and goes on
+        // to the epilogue.
+        auto vslot = [&](int v) -> float * { return &acc[v / (ACC / 4)][4 * (v % (ACC / 4))]; };
+        auto all_live = [](int) { return true; };
+        auto block_sync = []() { __syncthreads(); };
+        if (mode == 0 && gridDim.z > 1 &&
+            !split_k_reduce<T, V>(p, V * THREADS, tid, THREADS, tid, vslot, all_live, block_sync))
             return;
-    }
-    __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there
+        if (mode > 0 && !stream_k_reduce<T, V>(p, sk_tile, num_kt, mode == 1, V * THREADS, tid, THREADS, tid, vslot,
+                                               all_live, block_sync))
+            return;
+        __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there
 
-    // ---- epilogue: this thread holds channels (blocks 2ii + h, slot r) x tokens 8c + 2q + e
-    T *sC = reinterpret_cast<T *>(smem);
-    const T *bias = static_cast<const T *>(p.bias);
-    const int q = lane & 3, r = lane >> 2;
+        // ---- epilogue: this thread holds channels (blocks 2ii + h, slot r) x tokens 8c + 2q + e
+        T *sC = reinterpret_cast<T *>(smem);
+        const T *bias = static_cast<const T *>(p.bias);
+        const int q = lane & 3, r = lane >> 2;
 #pragma unroll
-    for (int ii = 0; ii < II; ii++) {
+        for (int ii = 0; ii < II; ii++) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int ch = 64 * wn + WeightFormat<LAYOUT>::column(j0 + 2 * ii + h, r);
-            const float bv = bias && n0 + ch < N ? D::to_float(bias[n0 + ch]) : 0.f;
+            for (int h = 0; h < 2; h++) {
+                const int ch = 64 * wn + WeightFormat<LAYOUT>::column(j0 + 2 * ii + h, r);
+                const float bv = bias && n0 + ch < N ? D::to_float(bias[n0 + ch]) : 0.f;
 #pragma unroll
-            for (int c = 0; c < TM / 8; c++)
+                for (int c = 0; c < TM / 8; c++)
 #pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sC[(8 * c + 2 * q + e) * C_PITCH + ch] = D::from_float(acc[ii][4 * c + 2 * h + e] + bv);
+                    for (int e = 0; e < 2; e++)
+                        sC[(8 * c + 2 * q + e) * C_PITCH + ch] = D::from_float(acc[ii][4 * c + 2 * h + e] + bv);
+            }
         }
-    }
-    __syncthreads();
-    T *C = static_cast<T *>(p.C);
-    constexpr int CPR = BN / 8; // 16-byte chunks per row
+        __syncthreads();
+        T *C = static_cast<T *>(p.C);
+        constexpr int CPR = BN / 8; // 16-byte chunks per row
 #pragma unroll 4
-    for (int c = tid; c < TM * CPR; c += THREADS) {
-        const int row = c / CPR, col = (c % CPR) * 8;
-        if (m0 + row < M && n0 + col < N)
-            *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * N + n0 + col) =
-                *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
+        for (int c = tid; c < TM * CPR; c += THREADS) {
+            const int row = c / CPR, col = (c % CPR) * 8;
+            if (m0 + row < M && n0 + col < N)
+                *reinterpret_cast<uint4 *>(C + (size_t)(m0 + row) * N + n0 + col) =
+                    *reinterpret_cast<const uint4 *>(sC + row * C_PITCH + col);
+        }
+    };
+
+    // Stream-K (csrc/plan.c): only the one-block-per-SM tiles; the loop state across its segments costs the two-block
+    // tiles spills under their 128-register budget.
+    if (MINB > 1 || p.sk_blocks == 0) { // grid (token tiles, channel tiles, K splits)
+        int kt_begin;
+        const int nk = split_k_tiles(num_kt, &kt_begin);
+        segment(blockIdx.x * TM, blockIdx.y * BN, kt_begin, nk, 0, 0);
+        return;
+    }
+    if constexpr (MINB == 1) {
+        // One-dimensional grid, gemm.cuh's division: blocks [0, sk_blocks) share the k-tiles of the first sk_tiles
+        // tiles, one segment per tile their range touches; each later block computes one tile whole. Tile t is token
+        // tile t % tiles_m of channel tile t / tiles_m. The segment's bounds are recomputed from the block index each
+        // time, so only `seg` stays live across a segment.
+        const int tiles_m = (M + TM - 1) / TM;
+        for (int seg = 0;; seg++) {
+            int t, kt, nk, mode;
+            if ((int)blockIdx.x < p.sk_blocks) {
+                const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+                const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
+                const int t0 = start / num_kt;
+                t = t0 + seg;
+                kt = seg == 0 ? start - t0 * num_kt : 0;
+                const int from = t * num_kt + kt;
+                if (from >= stop) break;
+                nk = min(num_kt - kt, stop - from);
+                mode = nk < num_kt ? (seg == 0 ? 1 : 2) : 0;
+            } else {
+                if (seg > 0) break;
+                t = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
+                kt = 0;
+                nk = num_kt;
+                mode = 0;
+            }
+            if (seg > 0) __syncthreads(); // the previous segment's epilogue may still read the shared buffers
+            segment(t % tiles_m * TM, t / tiles_m * BN, kt, nk, mode, t);
+        }
     }
 }
 

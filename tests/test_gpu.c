@@ -867,6 +867,130 @@ static void test_selfref_ws_tiles(void **state) {
         if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32, rows-32n: %d)", i);
 }
 
+/* Shapes where the Hopper profile's wgmma tiles take no K split and leave the last wave of one block per SM part empty,
+ * enough so that it plans stream-K over the SMs (csrc/plan.c wgmma_plan): the 256-token tile at M = 200 on 0.55 SMs of
+ * channel tiles (one partial wave, more than half: no K split; 56 padding rows), at M = 300 on 2 x (0.6 SMs + a half
+ * tile) (1.2 waves, the last row and channel tiles partial), at M = 500 on 2 x 1.2 SMs (2.4 waves: 1.4 shared, then
+ * whole tiles); the 128-token tile at M = 100 on 0.6 SMs; a K tail (K = 4128: the last 64-k stage half past K, G = 32
+ * and per-channel). Quick runs (make sanitize) take the first two with shorter K. */
+static const struct {
+    int M, N, K, K_quick;
+} wgmma_sk_shapes[] = {
+    {200, 0, 8192, 4096}, {300, 1, 4096, 3072}, {500, 2, 4096, 0}, {100, 3, 8192, 0}, {300, 1, 4128, 0}};
+static int wgmma_sk_k(int sh) { return quick ? wgmma_sk_shapes[sh].K_quick : wgmma_sk_shapes[sh].K; }
+static int wgmma_sk_n(int which) {
+    switch (which) {
+    case 0:
+        return 128 * (sm_count * 55 / 100);
+    case 1:
+        return 128 * (sm_count * 6 / 10) + 64;
+    case 2:
+        return 128 * (sm_count * 12 / 10);
+    default:
+        return 256 * (sm_count * 6 / 10);
+    }
+}
+/* Whether the GPU's own profile plans shape sh as wgmma stream-K in both layouts (fails where it plans wgmma without
+ * it); 0 where it runs no wgmma tile (not a Hopper GPU). */
+static int wgmma_sk_planned(int sh, w4a16_dtype dt, int G) {
+    const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+    const int layouts = K % 128 ? 1 : 2; /* the Marlin layout needs K % 128 */
+    int wgmma = 0;
+    for (int marlin = 0; marlin < layouts; marlin++) {
+        w4a16_gemm_plan_info pi;
+        W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, G, dt, workspace_bytes, &pi));
+        printf("  M=%d N=%d K=%d G=%d: %s %s\n", M, N, K, G, marlin ? "marlin" : "awq", pi.text);
+        if (strcmp(pi.kernel, "wgmma") != 0) continue;
+        if (!strstr(pi.text, "stream-K")) fail_msg("M=%d N=%d K=%d: planned %s, expected stream-K", M, N, K, pi.text);
+        wgmma++;
+    }
+    if (wgmma > 0 && wgmma < layouts)
+        fail_msg("M=%d N=%d K=%d: one layout planned wgmma stream-K, the other not", M, N, K);
+    return wgmma == layouts;
+}
+
+/* The wgmma tiles' stream-K (wgmma_sk_shapes), both layouts, both dtypes, every group size, GPTQ's symmetric weights,
+ * bias on alternate calls, against cuBLAS; the workspace counters zero again after each call (check_gemm). */
+static void test_wgmma_stream_k(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    int ran = 0;
+    for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
+        if (!wgmma_sk_k(sh) || !wgmma_sk_planned(sh, W4A16_FP16, wgmma_sk_k(sh) % 128 ? 32 : 128)) continue;
+        const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+        stats st = {0};
+        if (K % 128) { /* the K tail (the AWQ layout): the groups K divides */
+            for (int d = 0; d < 2; d++) {
+                gpu_layer L;
+                gpu_layer_make(&L, K, N, d ? -1 : 32, dtypes[d], 0, 0, &seed);
+                check_gemm(PATH_AWQ, &L, M, d, 1, &st);
+                gpu_layer_free(&L);
+            }
+        } else {
+            check_all_groups(M, N, K, quick ? 0xA5u : 0u, 0, &st);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "wgmma stream-K M=%d N=%d K=%d", M, N, K);
+        stats_print(what, &st);
+        ran++;
+    }
+    if (ran == 0) {
+        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
+        skip();
+    }
+}
+
+/* The same plans without cuBLAS, for make sanitize's racecheck and synccheck (tests *selfref*): each call against the
+ * same call under the sm86 profile (mma.sync tiles), outputs poisoned, every element written, two runs bit-identical
+ * (the blocks' parts are added in block order). */
+static void test_selfref_wgmma_stream_k(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    int ran = 0;
+    for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
+        const int G = wgmma_sk_k(sh) % 128 ? 32 : 128;
+        if (!wgmma_sk_k(sh) || !wgmma_sk_planned(sh, W4A16_FP16, G)) continue;
+        const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+        const size_t nA = (size_t)M * K, nC = (size_t)M * N;
+        const w4a16_dtype dt = sh % 2 ? W4A16_BF16 : W4A16_FP16;
+        gpu_layer L;
+        gpu_layer_make(&L, K, N, G, dt, 0, K % 128 == 0, &seed);
+        uint16_t *hA = malloc(nA * 2), *out[3] = {malloc(nC * 2), malloc(nC * 2), malloc(nC * 2)};
+        fill_random_half(hA, nA, -1.f, 1.f, dt, &seed);
+        void *A = gpu_upload(hA, nA * 2), *C = gpu_alloc(nC * 2);
+        for (int path = 0; path < (K % 128 ? 1 : 2); path++) {
+            for (int run = 0; run < 3; run++) { /* the sm86 reference, then twice the GPU's own plan */
+                W4_CHECK(w4a16_force_profile(run == 0 ? "sm86" : NULL));
+                GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
+                W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, workspace, workspace_bytes, 0, NULL));
+                GPU_CHECK(cudaMemcpy(out[run], C, nC * 2, cudaMemcpyDeviceToHost));
+            }
+            double num = 0, den = 0;
+            for (size_t i = 0; i < nC; i++) {
+                const double a = w4a16_ref_to_float(out[1][i], dt), b = w4a16_ref_to_float(out[0][i], dt);
+                if (isnan(a)) fail_msg("M=%d N=%d: output %zu not written", M, N, i);
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            printf("  wgmma stream-K %s %s M=%d N=%d K=%d: relative difference %.2e to sm86's plan\n", path_name[path],
+                   dt ? "bf16" : "fp16", M, N, K, sqrt(num / den));
+            if (!(sqrt(num / den) < tolerance(dt))) fail_msg("too far from sm86's plan");
+            if (memcmp(out[1], out[2], nC * 2) != 0) fail_msg("M=%d N=%d K=%d: two runs differ", M, N, K);
+            ran++;
+        }
+        W4_CHECK(w4a16_force_profile(NULL));
+        cudaFree(A);
+        cudaFree(C);
+        free(hA);
+        for (int i = 0; i < 3; i++) free(out[i]);
+        gpu_layer_free(&L);
+    }
+    if (ran == 0) {
+        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
+        skip();
+    }
+}
+
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
  * mma.sync kernels never get more resident blocks than the profile's SM holds by shared memory (a forced sm120 on an
  * H100 is held to an sm_120 SM's 100 KB by a carveout), and every kernel gets at least the blocks its K split counts
@@ -1472,6 +1596,8 @@ int main(void) {
         cmocka_unit_test(test_rows16_tiles),
         cmocka_unit_test(test_rows32n_tiles),
         cmocka_unit_test(test_selfref_ws_tiles),
+        cmocka_unit_test(test_wgmma_stream_k),
+        cmocka_unit_test(test_selfref_wgmma_stream_k),
         cmocka_unit_test(test_plan_occupancy),
         cmocka_unit_test(test_bias_and_no_workspace),
         cmocka_unit_test(test_large_mk),

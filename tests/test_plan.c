@@ -72,8 +72,8 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
         snprintf(what, sizeof what, "staged nc=%d slabs=%d grid=%d", pl.slab_channels,
                  (N + pl.slab_channels - 1) / pl.slab_channels, pl.grid[0]);
     else if (pl.kind == W4A16_KERNEL_WGMMA)
-        snprintf(what, sizeof what, "wgmma cfg=%d splits=%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.grid[0], pl.grid[1],
-                 pl.grid[2]);
+        snprintf(what, sizeof what, "wgmma cfg=%d splits=%d sk=%d/%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.sk_blocks,
+                 pl.sk_tiles, pl.grid[0], pl.grid[1], pl.grid[2]);
     else if (W4A16_KERNEL_ROWS(pl.kind))
         snprintf(what, sizeof what, "%s st=%d splits=%d sk=%d/%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages,
                  pl.splits, pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
@@ -510,6 +510,13 @@ static void test_plan_invariants(void **state) {
                                 assert_true(pl.blocks_per_sm * (pl.smem_bytes + st.smem_reserved) <= st.smem_per_sm);
                             }
                             assert_in_range(pl.blocks_per_sm, 1, minb);
+                            if (pl.kind == W4A16_KERNEL_WGMMA && pl.sk_blocks > 0) {
+                                /* wgmma stream-K: only where the tiles take no K split and the profile allows it */
+                                assert_true(st.profile->wgmma_sk_overhead_kt > 0);
+                                check_stream_k(&st, &pl, M, N, K, bm, bn, bk, ws, counters, partial_bytes);
+                                checked++;
+                                continue;
+                            }
                             if (pl.kind == W4A16_KERNEL_MMA) {
                                 check_stream_k(&st, &pl, M, N, K, bm, bn, bk, ws, counters, partial_bytes);
                                 checked++;
@@ -736,15 +743,16 @@ static void test_hand_checked_stream_k(void **state) {
  * except on a layer with few 128-channel tiles where its K split would leave each block at most 24 k-tiles of 64
  * (1536 k): there the 64-token tile takes over: Qwen2.5-7B qkv (N = 4608: 36 tiles, K = 3584 = 56 k-tiles, split 3
  * ways: 19 each) at M = 129, 192 and 256, not at M = 257 (two 256-token row tiles: 72 tiles, no split, 56 k-tiles
- * each); Qwen2.5-72B o (K = 8192: 128 k-tiles in 2 splits, 64 each) and a wide layer (Llama-3-8B gate_up, one split of
- * 64 k-tiles) keep it at M = 192, as does a wide layer of short K that it does not split (K = 1536). */
+ * each: stream-K over the 132 SMs, test_hand_checked_wgmma_stream_k); Qwen2.5-72B o (K = 8192: 128 k-tiles in 2 splits,
+ * 64 each) and a wide layer (Llama-3-8B gate_up, one split of 64 k-tiles) keep it at M = 192, as does a wide layer of
+ * short K that it does not split (K = 1536). */
 static void test_hand_checked_wgmma_t64(void **state) {
     (void)state;
     const struct {
         int M, N, K, cfg, splits, grid_m;
     } c[] = {
         {129, 4608, 3584, W4A16_WGMMA_T64, 2, 3},   {192, 4608, 3584, W4A16_WGMMA_T64, 2, 3},
-        {256, 4608, 3584, W4A16_WGMMA_T64, 1, 4},   {257, 4608, 3584, W4A16_WGMMA_T256, 1, 2},
+        {256, 4608, 3584, W4A16_WGMMA_T64, 1, 4},   {257, 4608, 3584, W4A16_WGMMA_T256, 1, 132},
         {192, 8192, 8192, W4A16_WGMMA_T256, 2, 1},  {192, 28672, 4096, W4A16_WGMMA_T256, 1, 1},
         {192, 28672, 1536, W4A16_WGMMA_T256, 1, 1}, {128, 4608, 3584, W4A16_WGMMA_T64, 3, 2},
     };
@@ -756,6 +764,56 @@ static void test_hand_checked_wgmma_t64(void **state) {
         assert_int_equal(pl.splits, c[i].splits);
         assert_int_equal(pl.grid[0], c[i].grid_m);
     }
+}
+
+/* By hand: the H100's wgmma stream-K (csrc/plan.c wgmma_plan). A one-block-per-SM plan without K split takes it where
+ * (shared k-tiles per block + whole tiles' k-tiles after them + 22) <= 95% of (waves x k-tiles):
+ * - Qwen2.5-72B qkv (N = 10240, K = 8192: 128 k-tiles) at M = 256: 80 tiles of 256 x 128 on 132 SMs, 77.6 + 22 against
+ *   128: every tile shared (grid 132); at M = 512 160 tiles, 155.2 + 22 against 256: the same; at M = 1024 (17 MB of
+ *   activations) 320 tiles, 2.42 waves: 56 + 132 shared (182.3 k-tiles a block) + 1 wave whole (128) + 22 against 384
+ *   (87%): 132 blocks over 188 tiles, then 132 whole, grid 264;
+ * - Qwen2.5-72B gate_up (N = 59136) at M = 256: 462 tiles, 3.5 waves: 66 + 132 shared (192 k-tiles a block) + 2 waves
+ *   whole (256) + 22 = 470 against 4 x 128 = 512 (92%): 132 blocks over 198 tiles, then 264 whole, grid 396;
+ * - Llama-3-8B gate_up (N = 28672, K = 4096: 64 k-tiles) at M = 128: 112 tiles of 128 x 256, 54.3 + 22 against 64:
+ *   whole tiles (measured 1.20x with stream-K); Llama-3-8B qkv at M = 512: 96 tiles, 46.5 + 22 against 64: whole;
+ * - an H100 PCIe (114 SMs), Qwen2.5-72B qkv at M = 256: 89.8 + 22 against 128: 114 blocks over 80 tiles;
+ * - activations past 25 MiB (half the L2) need a prediction of at most 80%: Qwen3-32B down (N = 5120, K = 25600: 400
+ *   k-tiles) at M = 1024 (52 MB): 160 tiles, 1.21 waves, 484.8 + 22 against 800 (63%): 132 blocks over 160 tiles; at
+ *   M = 2048 (105 MB) 320 tiles, 2.42 waves, 969.7 + 22 against 1200 (83%): whole tiles; Qwen2.5-7B down (N = 3584,
+ *   K = 18944: 296 k-tiles) at M = 1024 (39 MB): 112 tiles, 251 + 22 against 296 (92%): whole;
+ * - no workspace: whole tiles. */
+static void test_hand_checked_wgmma_stream_k(void **state) {
+    (void)state;
+    const plan_device h100 = {"H100", "sm90", 132, 232448, 1, 0}, pcie = {"H100 PCIe", "sm90", 114, 232448, 1, 0};
+    const struct {
+        const plan_device *d;
+        int M, N, K, cfg, sk_blocks, sk_tiles, grid;
+    } c[] = {
+        {&h100, 256, 10240, 8192, W4A16_WGMMA_T256, 132, 80, 132},
+        {&h100, 512, 10240, 8192, W4A16_WGMMA_T256, 132, 160, 132},
+        {&h100, 1024, 10240, 8192, W4A16_WGMMA_T256, 132, 188, 264},
+        {&h100, 256, 59136, 8192, W4A16_WGMMA_T256, 132, 198, 396},
+        {&h100, 128, 28672, 4096, W4A16_WGMMA_T128, 0, 0, 1},
+        {&h100, 512, 6144, 4096, W4A16_WGMMA_T256, 0, 0, 2},
+        {&pcie, 256, 10240, 8192, W4A16_WGMMA_T256, 114, 80, 114},
+        {&h100, 1024, 5120, 25600, W4A16_WGMMA_T256, 132, 160, 132},
+        {&h100, 2048, 5120, 25600, W4A16_WGMMA_T256, 0, 0, 8},
+        {&h100, 1024, 3584, 18944, W4A16_WGMMA_T256, 0, 0, 4},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const w4a16_plan pl = plan_on(c[i].d, NULL, W4A16_LAYOUT_MARLIN, c[i].M, c[i].N, c[i].K, 0);
+        assert_int_equal(pl.kind, W4A16_KERNEL_WGMMA);
+        assert_int_equal(pl.cfg, c[i].cfg);
+        assert_int_equal(pl.splits, 1);
+        assert_int_equal(pl.sk_blocks, c[i].sk_blocks);
+        assert_int_equal(pl.sk_tiles, c[i].sk_tiles);
+        assert_int_equal(pl.grid[0], c[i].grid);
+    }
+    w4a16_device_state st = device_state(&h100);
+    w4a16_plan pl;
+    assert_int_equal(w4a16_plan_gemm(&st, W4A16_LAYOUT_MARLIN, 0, 256, 10240, 8192, 0, "test", &pl), W4A16_OK);
+    assert_int_equal(pl.sk_blocks, 0);
+    assert_int_equal(pl.grid[1], 80);
 }
 
 /* By hand (kernels/moe.cu's tiles; the sizes are what the GPU tests' plans print): the MoE tiles' shared memory, and
@@ -1193,6 +1251,7 @@ int main(void) {
         cmocka_unit_test(test_hand_checked),
         cmocka_unit_test(test_hand_checked_stream_k),
         cmocka_unit_test(test_hand_checked_wgmma_t64),
+        cmocka_unit_test(test_hand_checked_wgmma_stream_k),
         cmocka_unit_test(test_hand_checked_rows),
         cmocka_unit_test(test_forced_profile_while_planning),
         cmocka_unit_test(test_moe_stages),
