@@ -14,7 +14,7 @@ namespace w4a16 {
 W4A16_GEMM_INSTANCES(W4A16_DECL_)
 #undef W4A16_DECL_
 #ifdef W4A16_HAVE_WGMMA
-#define W4A16_DECL_(d, l) GemmKernelRef gemm_sm90_kernel_##d##_##l(int id);
+#define W4A16_DECL_(d, l) GemmKernelRef gemm_sm90_kernel_##d##_##l(int id, int sk);
 W4A16_GEMM_INSTANCES(W4A16_DECL_)
 #undef W4A16_DECL_
 cudaError_t launch_dense_sm90_0_0(const DenseArgs &, int, cudaStream_t);
@@ -23,18 +23,19 @@ cudaError_t probe_dense_sm90_0_0(cudaFuncAttributes *);
 cudaError_t probe_dense_sm90_1_0(cudaFuncAttributes *);
 int dense_smem_bytes_0_0();
 int dense_smem_bytes_1_0();
-#define W4A16_SM90_KERNEL_(d, l, id) gemm_sm90_kernel_##d##_##l(id)
+#define W4A16_SM90_KERNEL_(d, l, id, sk) gemm_sm90_kernel_##d##_##l(id, sk)
 #else
-#define W4A16_SM90_KERNEL_(d, l, id)                                                                                   \
+#define W4A16_SM90_KERNEL_(d, l, id, sk)                                                                               \
     GemmKernelRef {}
 #endif
 
 // The compiled kernel of (kind, cfg, stages) for a (dtype, layout) pair; no kernel (fn null) for a combination never
-// built (stages matters to the tile kernel only).
-static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg, int stages) {
+// built (stages matters to the tile kernel only; sk, the stream-K instance, to the wgmma kernel only).
+static GemmKernelRef find_kernel(int dtype, int layout, int kind, int cfg, int stages, int sk = 0) {
 #define W4A16_PICK_(d, l)                                                                                              \
     if (dtype == d && layout == l)                                                                                     \
-        return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg) : gemm_kernel_##d##_##l(kind, cfg, stages);
+        return kind == W4A16_KERNEL_WGMMA ? W4A16_SM90_KERNEL_(d, l, cfg, sk)                                          \
+                                          : gemm_kernel_##d##_##l(kind, cfg, stages);
     W4A16_GEMM_INSTANCES(W4A16_PICK_)
 #undef W4A16_PICK_
     return {};
@@ -60,7 +61,7 @@ namespace w4a16 {
 // The plan's kernel with its dynamic shared memory and carveout set, as the launch and the occupancy query need it.
 static cudaError_t prepare(const w4a16_gemm_launch *a, GemmKernelRef *k, int *smem) {
     const w4a16_plan &p = a->plan;
-    *k = find_kernel(a->dtype, a->layout, p.kind, p.cfg, p.stages);
+    *k = find_kernel(a->dtype, a->layout, p.kind, p.cfg, p.stages, p.sk_blocks > 0);
     if (!k->fn) return p.kind == W4A16_KERNEL_WGMMA ? cudaErrorInvalidDeviceFunction : cudaErrorInvalidValue;
     if (k->threads != p.threads) return cudaErrorInvalidValue; // the plan and the compiled kernel disagree
     *smem = k->smem_bytes ? k->smem_bytes : p.smem_bytes;
@@ -114,7 +115,9 @@ extern "C" int w4a16_probe_gemm_wgmma(void) {
     cudaError_t e = cudaSuccess;
     for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS && e == cudaSuccess; id++) {
 #define W4A16_PROBE_(d, l)                                                                                             \
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, gemm_sm90_kernel_##d##_##l(id).fn);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, gemm_sm90_kernel_##d##_##l(id, 0).fn);                      \
+    if (e == cudaSuccess && gemm_sm90_kernel_##d##_##l(id, 1).fn)                                                      \
+        e = cudaFuncGetAttributes(&attr, gemm_sm90_kernel_##d##_##l(id, 1).fn);
         W4A16_GEMM_INSTANCES(W4A16_PROBE_)
 #undef W4A16_PROBE_
     }
@@ -130,7 +133,7 @@ extern "C" int w4a16_gemm_wgmma_smem_bytes(void) {
     int r = 0;
 #ifdef W4A16_HAVE_WGMMA
     for (int id = 0; id < W4A16_NUM_WGMMA_CONFIGS; id++) {
-        int a = gemm_sm90_kernel_0_0(id).smem_bytes, b = gemm_sm90_kernel_0_1(id).smem_bytes;
+        int a = gemm_sm90_kernel_0_0(id, 0).smem_bytes, b = gemm_sm90_kernel_0_1(id, 0).smem_bytes;
         r = a > r ? a : r;
         r = b > r ? b : r;
     }

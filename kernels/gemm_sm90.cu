@@ -5,14 +5,24 @@
 #include "instance.h"
 
 namespace w4a16 {
-// The kernel of wgmma config `id` (configs.h W4A16_WGMMA_CONFIGS), with its threads and shared memory.
-GemmKernelRef W4A16_NAME_(gemm_sm90_kernel_)(int id) {
+// The kernel of one config, or (`sk`) its stream-K instance: the one-block-per-SM configs only, none for the others.
+template <typename T, int L, int TM, int NH, int WG, int ST, int MINB, int KPB> static GemmKernelRef sm90_ref(int sk) {
+    using S = Sm90Shape<T, L, TM, NH, WG>;
+    if constexpr (MINB == 1) {
+        if (sk) return {gemm_sm90_kernel<T, L, TM, NH, WG, ST, MINB, KPB, true>, S::THREADS, S::smem_bytes(ST)};
+    } else if (sk) {
+        return {};
+    }
+    return {gemm_sm90_kernel<T, L, TM, NH, WG, ST, MINB, KPB>, S::THREADS, S::smem_bytes(ST)};
+}
+
+// The kernel of wgmma config `id` (configs.h W4A16_WGMMA_CONFIGS), with its threads and shared memory; `sk`: its
+// stream-K instance.
+GemmKernelRef W4A16_NAME_(gemm_sm90_kernel_)(int id, int sk) {
     switch (id) {
 #define W4A16_CASE_(i, sym, TM, NH, WG, ST, MINB, KPB)                                                                 \
     case i:                                                                                                            \
-        return {gemm_sm90_kernel<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG, ST, MINB, KPB>,                              \
-                Sm90Shape<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG>::THREADS,                                           \
-                Sm90Shape<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG>::smem_bytes(ST)};
+        return sm90_ref<W4A16_T_, W4A16_INST_LAYOUT, TM, NH, WG, ST, MINB, KPB>(sk);
         W4A16_WGMMA_CONFIGS(W4A16_CASE_)
 #undef W4A16_CASE_
     }

@@ -43,7 +43,7 @@ template <typename T, int LAYOUT, int TM, int NH, int WG> struct Sm90Shape {
     }
 };
 
-template <typename T, int LAYOUT, int TM, int NH, int WG, int STAGES, int MINB, int KPB>
+template <typename T, int LAYOUT, int TM, int NH, int WG, int STAGES, int MINB, int KPB, bool SK = false>
 __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArgs p) {
     using D = Dtype<T>;
     using Shape = Sm90Shape<T, LAYOUT, TM, NH, WG>;
@@ -149,12 +149,14 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
         auto vslot = [&](int v) -> float * { return &acc[v / (ACC / 4)][4 * (v % (ACC / 4))]; };
         auto all_live = [](int) { return true; };
         auto block_sync = []() { __syncthreads(); };
-        if (mode == 0 && gridDim.z > 1 &&
-            !split_k_reduce<T, V>(p, V * THREADS, tid, THREADS, tid, vslot, all_live, block_sync))
-            return;
-        if (mode > 0 && !stream_k_reduce<T, V>(p, sk_tile, num_kt, mode == 1, V * THREADS, tid, THREADS, tid, vslot,
-                                               all_live, block_sync))
-            return;
+        if constexpr (!SK) {
+            if (gridDim.z > 1 && !split_k_reduce<T, V>(p, V * THREADS, tid, THREADS, tid, vslot, all_live, block_sync))
+                return;
+        } else {
+            if (mode > 0 && !stream_k_reduce<T, V>(p, sk_tile, num_kt, mode == 1, V * THREADS, tid, THREADS, tid, vslot,
+                                                   all_live, block_sync))
+                return;
+        }
         __syncthreads(); // every warpgroup is done with the pipeline buffers: stage C there
 
         // ---- epilogue: this thread holds channels (blocks 2ii + h, slot r) x tokens 8c + 2q + e
@@ -186,19 +188,19 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
         }
     };
 
-    // Stream-K (csrc/plan.c): only the one-block-per-SM tiles; the loop state across its segments costs the two-block
-    // tiles spills under their 128-register budget.
-    if (MINB > 1 || p.sk_blocks == 0) { // grid (token tiles, channel tiles, K splits)
+    if constexpr (!SK) { // grid (token tiles, channel tiles, K splits)
         int kt_begin;
         const int nk = split_k_tiles(num_kt, &kt_begin);
         segment(blockIdx.x * TM, blockIdx.y * BN, kt_begin, nk, 0, 0);
-        return;
-    }
-    if constexpr (MINB == 1) {
-        // One-dimensional grid, gemm.cuh's division: blocks [0, sk_blocks) share the k-tiles of the first sk_tiles
-        // tiles, one segment per tile their range touches; each later block computes one tile whole. Tile t is token
-        // tile t % tiles_m of channel tile t / tiles_m. The segment's bounds are recomputed from the block index each
-        // time, so only `seg` stays live across a segment.
+    } else {
+        // Stream-K (csrc/plan.c), its own instance of the one-block-per-SM tiles: with the loop and stream_k_reduce in
+        // the same kernel the plain calls ran up to 1.1x slower (the register allocation of the k loop changed), and
+        // the two-block tiles' 128-register budget spills the loop state. One-dimensional grid, gemm.cuh's division:
+        // blocks [0, sk_blocks) share the k-tiles of the first sk_tiles tiles, one segment per tile their range
+        // touches; each later block computes one tile whole. Tile t is token tile t % tiles_m of channel tile
+        // t / tiles_m. The segment's bounds are recomputed from the block index each time, so only `seg` stays live
+        // across a segment.
+        static_assert(MINB == 1, "stream-K instances of the one-block-per-SM tiles only");
         const int tiles_m = (M + TM - 1) / TM;
         for (int seg = 0;; seg++) {
             int t, kt, nk, mode;
