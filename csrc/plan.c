@@ -96,12 +96,12 @@ static void wgmma_plan(const w4a16_device_state *st, int id, int M, int N, int K
      * block an equal run of (tile, k-tile) units, at least 4 k-tiles) where it is predicted to take at most 95% of
      * the whole tiles' time, each block costing wgmma_sk_overhead_kt k-tiles more (its second pipeline fill, the
      * partial tiles' stores and the last block's additions). On the H100 that count predicted the measured ratio within
-     * 0.07 on 26 of 31 layer shapes at M 128-2048 (0.66-1.20x). The others had activations of 29-105 MB: the blocks
-     * then read A at k offsets spread over all of K at once, past what the L2 keeps (whole tiles of a wave read the
-     * same k range), and gained less than predicted or lost (qwen3-32b.down at M = 2048: 0.83 predicted, 1.11
-     * measured), so there the prediction must be at most 80% (docs/PERFORMANCE.md v44). Needs the workspace to hold two
-     * partial tiles per block and a counter per shared tile; the two-block tiles are built without the stream-K loop
-     * (its state would spill under their register budget). */
+     * 0.07 on 29 of 34 layer shapes at M 128-2048 (0.66-1.20x). The others were down projections with 22-105 MB of
+     * activations: the blocks then read A at k offsets spread over all of K at once, past what the L2 keeps (whole
+     * tiles of a wave read the same k range), and gained less than predicted or lost (qwen3-32b.down at M = 2048: 0.83
+     * predicted, 1.11 measured), so past half the L2 the prediction must be at most 80% (docs/PERFORMANCE.md v44).
+     * Needs the workspace to hold two partial tiles per block and a counter per shared tile; the two-block tiles have
+     * no stream-K instance (its loop state would spill under their register budget). */
     const w4a16_profile *p = st->profile;
     const int ovh = p->wgmma_sk_overhead_kt;
     if (pl->splits > 1 || ovh <= 0 || !workspace_bytes || pl->blocks_per_sm > 1) return;

@@ -299,6 +299,29 @@ __device__ __forceinline__ bool split_k_reduce(const GemmArgs &p, int tile_f4, i
 // blocks, in 32-bit arithmetic (q = total / blocks, rem = total % blocks; b * rem < blocks^2).
 __device__ __forceinline__ int sk_begin(int b, int q, int rem, int blocks) { return b * q + b * rem / blocks; }
 
+// Segment `seg` of this block's stream-K work: tile *tile, its k-tiles [*kt, *kt + *nk); false when the block has no
+// such segment. Blocks [0, sk_blocks) walk their range of the first sk_tiles tiles' k-tiles, cut at tile boundaries;
+// each later block computes one tile whole. Recomputed from the block index each time, so that no loop state is held
+// in registers across a segment.
+__device__ __forceinline__ bool stream_k_segment(const GemmArgs &p, int num_kt, int seg, int *tile, int *kt, int *nk) {
+    if ((int)blockIdx.x < p.sk_blocks) {
+        const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
+        const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
+        const int t0 = start / num_kt;
+        *tile = t0 + seg;
+        *kt = seg == 0 ? start - t0 * num_kt : 0;
+        const int from = *tile * num_kt + *kt;
+        if (from >= stop) return false;
+        *nk = min(num_kt - *kt, stop - from);
+        return true;
+    }
+    if (seg > 0) return false;
+    *tile = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
+    *kt = 0;
+    *nk = num_kt;
+    return true;
+}
+
 // A segment that covers part of a tile: its NSLOT slots of 4 fp32 sums go to the workspace, in the first (`first`:
 // the block's first segment) or second partial slot of this block (a block has at most two partial segments: the
 // tail of one tile and the head of another). The last of the tile's blocks to arrive adds the blocks' sums in block
@@ -594,21 +617,7 @@ __global__ void __launch_bounds__(32 * WM * NH * WN * WK, MINB) gemm_kernel(cons
     // iteration; recomputed from the block index each time, so no loop state is held in registers across a segment.
     for (int seg = 0;; seg++) {
         int tile, kt, nk;
-        if ((int)blockIdx.x < p.sk_blocks) {
-            const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
-            const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
-            const int t0 = start / num_kt;
-            tile = t0 + seg;
-            kt = seg == 0 ? start - t0 * num_kt : 0;
-            const int from = tile * num_kt + kt;
-            if (from >= stop) break;
-            nk = min(num_kt - kt, stop - from);
-        } else {
-            if (seg > 0) break;
-            tile = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
-            kt = 0;
-            nk = num_kt;
-        }
+        if (!stream_k_segment(p, num_kt, seg, &tile, &kt, &nk)) break;
         if (seg > 0) __syncthreads(); // the previous segment's epilogue may still read the shared buffers
         if (tid == 0) {               // read after the main loop's first barrier
             seg_info[0] = tile;

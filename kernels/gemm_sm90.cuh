@@ -195,33 +195,15 @@ __global__ void __launch_bounds__(128 * WG, MINB) gemm_sm90_kernel(const GemmArg
     } else {
         // Stream-K (csrc/plan.c), its own instance of the one-block-per-SM tiles: with the loop and stream_k_reduce in
         // the same kernel the plain calls ran up to 1.1x slower (the register allocation of the k loop changed), and
-        // the two-block tiles' 128-register budget spills the loop state. One-dimensional grid, gemm.cuh's division:
-        // blocks [0, sk_blocks) share the k-tiles of the first sk_tiles tiles, one segment per tile their range
-        // touches; each later block computes one tile whole. Tile t is token tile t % tiles_m of channel tile
-        // t / tiles_m. The segment's bounds are recomputed from the block index each time, so only `seg` stays live
-        // across a segment.
+        // the two-block tiles' 128-register budget spills the loop state. One-dimensional grid, gemm.cuh's division
+        // (stream_k_segment); tile t is token tile t % tiles_m of channel tile t / tiles_m.
         static_assert(MINB == 1, "stream-K instances of the one-block-per-SM tiles only");
         const int tiles_m = (M + TM - 1) / TM;
         for (int seg = 0;; seg++) {
-            int t, kt, nk, mode;
-            if ((int)blockIdx.x < p.sk_blocks) {
-                const int blocks = p.sk_blocks, total = p.sk_tiles * num_kt, q = total / blocks, rem = total % blocks;
-                const int start = sk_begin(blockIdx.x, q, rem, blocks), stop = sk_begin(blockIdx.x + 1, q, rem, blocks);
-                const int t0 = start / num_kt;
-                t = t0 + seg;
-                kt = seg == 0 ? start - t0 * num_kt : 0;
-                const int from = t * num_kt + kt;
-                if (from >= stop) break;
-                nk = min(num_kt - kt, stop - from);
-                mode = nk < num_kt ? (seg == 0 ? 1 : 2) : 0;
-            } else {
-                if (seg > 0) break;
-                t = p.sk_tiles + (int)blockIdx.x - p.sk_blocks;
-                kt = 0;
-                nk = num_kt;
-                mode = 0;
-            }
+            int t, kt, nk;
+            if (!stream_k_segment(p, num_kt, seg, &t, &kt, &nk)) break;
             if (seg > 0) __syncthreads(); // the previous segment's epilogue may still read the shared buffers
+            const int mode = nk < num_kt ? (seg == 0 ? 1 : 2) : 0;
             segment(t % tiles_m * TM, t / tiles_m * BN, kt, nk, mode, t);
         }
     }
