@@ -686,6 +686,21 @@ static void test_rows16_tiles(void **state) {
     if (planned < 4) fail_msg("rows-16 / rows-16w planned on %d shapes only", planned);
 }
 
+/* The layer of test_rows32n_tiles at M: SMs + 1 tiles of 32 x 64 at M 17-32, 3/4 of an SM count (two row tiles) above.
+ */
+static int rows32n_n(int M) { return 64 * (M <= 32 ? sm_count + 1 : sm_count * 3 / 4); }
+/* Whether the plan of the current profile for that call is rows-32n with K splits; fails where it is another plan
+ * but wgmma (the native Hopper profile from M = 33: returns 0). */
+static int rows32n_planned(int marlin, int M, int N, int K, int G) {
+    w4a16_gemm_plan_info pi;
+    W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, G, W4A16_FP16, workspace_bytes, &pi));
+    printf("  M=%d N=%d K=%d G=%d: %s %s\n", M, N, K, G, marlin ? "marlin" : "awq", pi.text);
+    if (M > 32 && strcmp(pi.kernel, "wgmma") == 0) return 0;
+    if (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2)
+        fail_msg("M=%d N=%d K=%d G=%d: planned %s, expected rows-32n with K splits", M, N, K, G, pi.text);
+    return 1;
+}
+
 /* M 17-64 on the MoE kernel's 32 x 64 tile ("rows-32n", K split across blocks), under every profile (but where a
  * wgmma tile runs from M = 33), both layouts: at M 17-32 a layer of SMs + 1 such tiles (a quarter of an SM count of
  * 32 x 256 tiles: not a narrow layer), at M 33-64 one of 3/4 of an SM count (two row tiles); both under half of their
@@ -703,19 +718,11 @@ static void test_rows32n_tiles(void **state) {
         if (s == W4A16_ERR_PROFILE_UNAVAILABLE) continue;
         assert_int_equal(s, W4A16_OK);
         for (int mi = 0; mi < 5; mi++) {
-            const int M = Ms[mi], N = 64 * (M <= 32 ? sm_count + 1 : sm_count * 3 / 4);
+            const int M = Ms[mi], N = rows32n_n(M);
             if (quick && (mi + p) % 3) continue;
-            int wgmma = 0;
-            for (int marlin = 0; marlin < 2; marlin++) {
-                w4a16_gemm_plan_info pi;
-                W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
-                printf("  profile %-5s M=%d N=%d K=%d: %s %s\n", names[p], M, N, K, marlin ? "marlin" : "awq", pi.text);
-                wgmma += M > 32 && strcmp(pi.kernel, "wgmma") == 0;
-                if (!wgmma && (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2))
-                    fail_msg("profile %s M=%d N=%d K=%d: planned %s, expected rows-32n with K splits", names[p], M, N,
-                             K, pi.text);
-            }
-            if (wgmma) continue; /* the native Hopper profile from M = 33 */
+            printf("  profile %s:\n", names[p]);
+            /* the native Hopper profile plans wgmma from M = 33 */
+            if (!rows32n_planned(0, M, N, K, 128) || !rows32n_planned(1, M, N, K, 128)) continue;
             planned++;
             stats st = {0};
             check_all_groups(M, N, K, quick ? (mi % 2 ? 0xA5u : 0x5Au) : 0u, 1, &st);
@@ -729,18 +736,12 @@ static void test_rows32n_tiles(void **state) {
      * power of two) */
     const struct { int path, K, G; } tails[] = {{PATH_AWQ, 2112, 64}, {PATH_AWQ, 2112, -1}, {PATH_MARLIN, 1536, -1}};
     const char *tail_profiles[] = {"sm120", NULL};
-    for (int pr = 0; pr < 2; pr++)
+    for (int pr = 0; pr < 2; pr++) {
+        W4_CHECK(w4a16_force_profile(tail_profiles[pr]));
         for (int t = 0; t < 3; t++)
             for (int M = 24; M <= 40; M += 16) {
-                const int K = tails[t].K, N = 64 * (M <= 32 ? sm_count + 1 : sm_count * 3 / 4);
-                W4_CHECK(w4a16_force_profile(tail_profiles[pr]));
-                w4a16_gemm_plan_info pi;
-                W4_CHECK(w4a16_gemm_plan(tails[t].path == PATH_MARLIN, M, N, K, tails[t].G, W4A16_FP16, workspace_bytes,
-                                         &pi));
-                if (strcmp(pi.kernel, "wgmma") == 0) continue;
-                if (strcmp(pi.kernel, "rows-32n") != 0 || pi.splits < 2)
-                    fail_msg("%s M=%d N=%d K=%d G=%d: planned %s, expected rows-32n with K splits",
-                             path_name[tails[t].path], M, N, K, tails[t].G, pi.text);
+                const int K = tails[t].K, N = rows32n_n(M);
+                if (!rows32n_planned(tails[t].path == PATH_MARLIN, M, N, K, tails[t].G)) continue;
                 gpu_layer L;
                 gpu_layer_make(&L, K, N, tails[t].G, W4A16_FP16, 0, tails[t].path == PATH_MARLIN, &seed);
                 stats st = {0};
@@ -752,6 +753,7 @@ static void test_rows32n_tiles(void **state) {
                 stats_print(what, &st);
                 planned++;
             }
+    }
     assert_int_equal(w4a16_force_profile(NULL), W4A16_OK);
     if (planned < 3) fail_msg("rows-32n planned on %d calls only", planned);
 }
