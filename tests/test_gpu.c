@@ -54,6 +54,18 @@ static void stats_print(const char *what, const stats *s) {
     printf("  %s: %d cases, worst relative error %.2e (%s)\n", what, s->cases, s->worst, s->worst_case);
 }
 
+/* The workspace's arrival counters are all zero again after a call (the last block of each tile resets its own).
+ * They open the workspace: two per block slot of the config with the most blocks per SM (csrc/device.c
+ * max_split_blocks: the decode tile's 4), 8 per SM; the split-K and stream-K plans index at most that many. */
+static void check_counters_zero(const void *ws, const char *what) {
+    const int n = 8 * sm_count;
+    int *cnt = malloc((size_t)n * sizeof(int));
+    GPU_CHECK(cudaMemcpy(cnt, ws, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        if (cnt[i]) fail_msg("workspace counter %d is %d after %s", i, cnt[i], what);
+    free(cnt);
+}
+
 /* One GEMM through `path`, checked against cuBLAS on the dense weight. Returns the relative error. */
 static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int use_ws, stats *st) {
     const int K = L->K, N = L->N;
@@ -92,18 +104,10 @@ static double check_gemm(int path, const gpu_layer *L, int M, int with_bias, int
         den += r * r;
     }
     double err = unwritten ? INFINITY : sqrt(num / den);
-    if (use_ws) { /* the counters at the start of the workspace are zero again */
-        int *cnt = malloc((size_t)4 * sm_count * sizeof(int)); /* the counters: 4 per SM, at the start */
-        GPU_CHECK(cudaMemcpy(cnt, use_ws == 2 ? ws_other : workspace, (size_t)4 * sm_count * sizeof(int),
-                             cudaMemcpyDeviceToHost));
-        for (int i = 0; i < 4 * sm_count; i++)
-            if (cnt[i])
-                fail_msg("workspace counter %d is %d after %s M=%d K=%d N=%d", i, cnt[i], path_name[path], M, K, N);
-        free(cnt);
-    }
     char label[160];
     snprintf(label, sizeof label, "%s %s M=%d K=%d N=%d G=%d%s%s", path_name[path], dt == W4A16_BF16 ? "bf16" : "fp16",
              M, K, N, L->G, L->gptq ? " gptq" : "", with_bias ? " +bias" : "");
+    if (use_ws) check_counters_zero(use_ws == 2 ? ws_other : workspace, label);
     if (unwritten) fail_msg("%s: %zu of %zu outputs not written (still NaN)", label, unwritten, nC);
     if (!(err < tolerance(dt))) fail_msg("%s: relative error %.3e >= %.0e", label, err, tolerance(dt));
     if (st) err_stats_add(st, err, label);
@@ -1287,10 +1291,7 @@ static void test_reduce_in_dtype(void **state) {
             }
             if (!(sqrt(num / den) < tolerance(dt)))
                 fail_msg("reduce-in-dtype M=%d: relative error %.3e", M, sqrt(num / den));
-            int *cnt = malloc((size_t)4 * sm_count * sizeof(int));
-            GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
-            for (int i = 0; i < 4 * sm_count; i++) assert_int_equal(cnt[i], 0);
-            free(cnt);
+            check_counters_zero(workspace, "reduce-in-dtype");
             cudaFree(A);
             cudaFree(C);
             cudaFree(R);
@@ -1366,10 +1367,7 @@ static void test_selfref_pdl_chain(void **state) {
                                  e % ((size_t)M * K), w4a16_ref_to_float(got[e], dt), w4a16_ref_to_float(ref[e], dt));
                     }
                 }
-                int *cnt = malloc((size_t)4 * sm_count * sizeof(int));
-                GPU_CHECK(cudaMemcpy(cnt, workspace, (size_t)4 * sm_count * sizeof(int), cudaMemcpyDeviceToHost));
-                for (int i = 0; i < 4 * sm_count; i++) assert_int_equal(cnt[i], 0);
-                free(cnt);
+                check_counters_zero(workspace, "a PDL chain");
                 cases++;
                 GPU_CHECK(cudaGraphExecDestroy(exec));
                 GPU_CHECK(cudaGraphDestroy(graph));
