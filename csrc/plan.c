@@ -182,15 +182,13 @@ static int rows_plan(const w4a16_device_state *st, int layout, int tile, int min
     return pl->blocks_per_sm;
 }
 
-/* Tile `tile` over M x N: whole tiles where they fill rows64_min_fill percent of one wave of its block slots and
- * wave_fill percent of the waves they take, else (*whole = 0) with a workspace stream-K over the slots, each block at
- * least min_kt k-tiles, at least one block per SM, the workspace holding two partial tiles per block and a counter per
- * tile. Returns 0 where neither fits. */
-static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int minb, int wave_fill, int min_kt, int M,
-                        int N, int K, size_t workspace_bytes, w4a16_plan *pl, int *whole) {
+/* Given *pl, the plan of tile `tile` over M x N with per_sm blocks per SM (rows_plan): whole tiles where they fill
+ * rows64_min_fill percent of one wave of its block slots and wave_fill percent of the waves they take, else (*whole =
+ * 0) with a workspace stream-K over the slots, each block at least min_kt k-tiles, at least one block per SM, the
+ * workspace holding two partial tiles per block and a counter per tile. Returns 0 where neither fits. */
+static int tile_sk(const w4a16_device_state *st, int tile, int per_sm, int wave_fill, int min_kt, int K,
+                   size_t workspace_bytes, w4a16_plan *pl, int *whole) {
     const w4a16_profile *p = st->profile;
-    const int per_sm = rows_plan(st, layout, tile, minb, M, N, pl);
-    if (!per_sm) return 0;
     const long long tiles = (long long)pl->grid[0] * pl->grid[1], slots = (long long)st->sm_count * per_sm;
     /* whole tiles: a last wave nearly empty would cost a whole tile's time */
     const long long waves = (tiles + slots - 1) / slots;
@@ -207,6 +205,13 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
     pl->sk_blocks = (int)blocks;
     pl->sk_tiles = (int)tiles;
     return 1;
+}
+
+/* The same from the start: tile `tile` planned over M x N (its register budget allowing minb blocks per SM). */
+static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int minb, int wave_fill, int min_kt, int M,
+                        int N, int K, size_t workspace_bytes, w4a16_plan *pl, int *whole) {
+    const int per_sm = rows_plan(st, layout, tile, minb, M, N, pl);
+    return per_sm && tile_sk(st, tile, per_sm, wave_fill, min_kt, K, workspace_bytes, pl, whole);
 }
 
 /* A warp-specialised tile (one block per SM) into *pl: whole where its tiles fill rows128_min_wave_fill percent of
@@ -310,10 +315,10 @@ static int plan_rows32(const w4a16_device_state *st, int layout, int M, int N, i
      * k-tiles; 0.80-0.96x the whole tiles' time there, both layouts, both profiles (one wave or less: 1.06-1.24x,
      * docs/PERFORMANCE.md v39) */
     if (mid32 && tiles > slots && workspace_bytes > 0 && p->rows32_sk_min_kt > 0) {
-        w4a16_plan d = *pl;
+        w4a16_plan d = c; /* the tile as planned above */
         int whole;
-        if (plan_tile_sk(st, layout, W4A16_MOE_TILE_32, 3, p->rows32_sk_wave_fill, p->rows32_sk_min_kt, M, N, K,
-                         workspace_bytes, &d, &whole) &&
+        if (tile_sk(st, W4A16_MOE_TILE_32, per_sm, p->rows32_sk_wave_fill, p->rows32_sk_min_kt, K, workspace_bytes, &d,
+                    &whole) &&
             !whole) {
             *pl = d;
             return 1;
