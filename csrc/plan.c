@@ -36,6 +36,15 @@ int w4a16_staged_grid(int M, int nc, int sm_count) {
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/* Whether a workspace of workspace_bytes holds a stream-K plan of `blocks` blocks sharing `tiles` tiles of tile_bytes
+ * fp32 sums each: a counter per tile, and two partial tiles per block after the counters. */
+static int sk_workspace_fits(const w4a16_device_state *st, long long blocks, long long tiles, size_t tile_bytes,
+                             size_t workspace_bytes) {
+    const size_t counters = w4a16_workspace_counters_bytes(st->sm_count);
+    return tiles <= (long long)(counters / sizeof(int)) &&
+           counters + 2 * (size_t)blocks * tile_bytes <= workspace_bytes;
+}
+
 /* Resident blocks per SM of a tile using smem_bytes of shared memory: the register budget its instance was built for
  * (minb), or fewer where shared memory runs out first (each block also takes the system's reserved shared memory). */
 static int tile_blocks_per_sm(const w4a16_device_state *st, int smem_bytes, int minb) {
@@ -110,9 +119,9 @@ static void wgmma_plan(const w4a16_device_state *st, int id, int M, int N, int K
     int skb, skt;
     w4a16_plan_stream_k(tiles, num_kt, (int)slots, 4, 1, &skb, &skt);
     if (skb == 0) return;
-    const size_t counters = w4a16_workspace_counters_bytes(st->sm_count);
-    const size_t tile_bytes = (size_t)w4a16_wgmma_tm(id) * w4a16_wgmma_bn(id) * sizeof(float);
-    if ((size_t)skt > counters / sizeof(int) || counters + 2 * (size_t)skb * tile_bytes > workspace_bytes) return;
+    if (!sk_workspace_fits(st, skb, skt, (size_t)w4a16_wgmma_tm(id) * w4a16_wgmma_bn(id) * sizeof(float),
+                           workspace_bytes))
+        return;
     /* k-tiles on the busiest SM: whole tiles in full waves, or the shared run plus the whole tiles after it */
     const double whole = (double)((tiles + slots - 1) / slots) * num_kt;
     const double shared = (double)skt * num_kt / skb + (double)(tiles - skt) / slots * num_kt + ovh;
@@ -198,10 +207,7 @@ static int tile_sk(const w4a16_device_state *st, int tile, int per_sm, int wave_
     const long long units = tiles * cdiv(K, 64);
     const long long blocks = slots < units / min_kt ? slots : units / min_kt;
     const size_t tile_bytes = (size_t)w4a16_moe_tile_rows(tile) * w4a16_moe_tile_bn(tile) * sizeof(float);
-    if (blocks < st->sm_count ||
-        w4a16_workspace_counters_bytes(st->sm_count) + 2 * (size_t)blocks * tile_bytes > workspace_bytes ||
-        tiles > (long long)(w4a16_workspace_counters_bytes(st->sm_count) / sizeof(int)))
-        return 0;
+    if (blocks < st->sm_count || !sk_workspace_fits(st, blocks, tiles, tile_bytes, workspace_bytes)) return 0;
     pl->sk_blocks = (int)blocks;
     pl->sk_tiles = (int)tiles;
     return 1;
