@@ -880,26 +880,24 @@ static void test_selfref_ws_tiles(void **state) {
  * whole tiles); the 128-token tile at M = 100 on 0.6 SMs; a K tail (K = 4128: the last 64-k stage half past K, G = 32
  * and per-channel). Quick runs (make sanitize) take the first two with shorter K. */
 static const struct {
-    int M, N, K, K_quick;
-} wgmma_sk_shapes[] = {
-    {200, 0, 8192, 4096}, {300, 1, 4096, 3072}, {500, 2, 4096, 0}, {100, 3, 8192, 0}, {300, 1, 4128, 0}};
-static int wgmma_sk_k(int sh) { return quick ? wgmma_sk_shapes[sh].K_quick : wgmma_sk_shapes[sh].K; }
-static int wgmma_sk_n(int which) {
-    switch (which) {
-    case 0:
-        return 128 * (sm_count * 55 / 100);
-    case 1:
-        return 128 * (sm_count * 6 / 10) + 64;
-    case 2:
-        return 128 * (sm_count * 12 / 10);
-    default:
-        return 256 * (sm_count * 6 / 10);
-    }
+    int M, width, pct, extra; /* N = width x (pct% of the SMs) + extra: the channel tiles the shape names */
+    int K, K_quick;
+} wgmma_sk_shapes[] = {{200, 128, 55, 0, 8192, 4096},
+                       {300, 128, 60, 64, 4096, 3072},
+                       {500, 128, 120, 0, 4096, 0},
+                       {100, 256, 60, 0, 8192, 0},
+                       {300, 128, 60, 64, 4128, 0}};
+/* Shape sh on this GPU (K 0: not run in this mode). */
+static void wgmma_sk_shape(int sh, int *M, int *N, int *K) {
+    *M = wgmma_sk_shapes[sh].M;
+    *N = wgmma_sk_shapes[sh].width * (sm_count * wgmma_sk_shapes[sh].pct / 100) + wgmma_sk_shapes[sh].extra;
+    *K = quick ? wgmma_sk_shapes[sh].K_quick : wgmma_sk_shapes[sh].K;
 }
 /* Whether the GPU's own profile plans shape sh as wgmma stream-K in both layouts (fails where it plans wgmma without
  * it); 0 where it runs no wgmma tile (not a Hopper GPU). */
 static int wgmma_sk_planned(int sh, w4a16_dtype dt, int G) {
-    const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+    int M, N, K;
+    wgmma_sk_shape(sh, &M, &N, &K);
     const int layouts = K % 128 ? 1 : 2; /* the Marlin layout needs K % 128 */
     int wgmma = 0;
     for (int marlin = 0; marlin < layouts; marlin++) {
@@ -922,8 +920,9 @@ static void test_wgmma_stream_k(void **state) {
     REQUIRE_GPU();
     int ran = 0;
     for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
-        if (!wgmma_sk_k(sh) || !wgmma_sk_planned(sh, W4A16_FP16, wgmma_sk_k(sh) % 128 ? 32 : 128)) continue;
-        const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+        int M, N, K;
+        wgmma_sk_shape(sh, &M, &N, &K);
+        if (!K || !wgmma_sk_planned(sh, W4A16_FP16, K % 128 ? 32 : 128)) continue;
         stats st = {0};
         if (K % 128) { /* the K tail (the AWQ layout): the groups K divides */
             for (int d = 0; d < 2; d++) {
@@ -954,9 +953,10 @@ static void test_selfref_wgmma_stream_k(void **state) {
     REQUIRE_GPU();
     int ran = 0;
     for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
-        const int G = wgmma_sk_k(sh) % 128 ? 32 : 128;
-        if (!wgmma_sk_k(sh) || !wgmma_sk_planned(sh, W4A16_FP16, G)) continue;
-        const int M = wgmma_sk_shapes[sh].M, N = wgmma_sk_n(wgmma_sk_shapes[sh].N), K = wgmma_sk_k(sh);
+        int M, N, K;
+        wgmma_sk_shape(sh, &M, &N, &K);
+        const int G = K % 128 ? 32 : 128;
+        if (!K || !wgmma_sk_planned(sh, W4A16_FP16, G)) continue;
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
         const w4a16_dtype dt = sh % 2 ? W4A16_BF16 : W4A16_FP16;
         gpu_layer L;
