@@ -177,8 +177,9 @@ W4A16_HIDDEN int w4a16_choose_splits(int blocks_per_sm, int tiles, int num_kt, i
 W4A16_HIDDEN void w4a16_plan_stream_k(long long tiles, int num_kt, int slots, int min_kt, int straddle, int *sk_blocks,
                                       int *sk_tiles);
 /* Pipeline depth of a MoE GEMM tile (W4A16_MOE_TILE_*) on a device's profile (csrc/moe.c): 4 stages on Hopper-class
- * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two, and for the 32 x 64
- * tile where 3 leave fewer than three and 2 fit three (the 100 KB SMs). */
+ * shared memory, 3 elsewhere, 2 for the 64-row tile where 3 leave one block per SM and 2 fit two, for the 32 x 64
+ * tile where 3 leave fewer than three and 2 fit three, and for the 16 x 256 tile where 3 leave fewer than four and 2
+ * fit four (the 100 KB SMs; the AWQ layout's 2 stages do not fit four). */
 W4A16_HIDDEN int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout);
 /* A dense GEMM on a MoE launch tile (the W4A16_KERNEL_TILES plans: rows-64 / 32 / 32n / 16 / 16w, rows-128, ws-64 / 32;
  * csrc/moe.c): the resident blocks per SM the device gives it (its shared memory and carveout set as the launch sets

@@ -225,7 +225,8 @@ int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {
  *   warps splitting each stage's k, and K split across blocks where they fill at most half the slots;
  * - else 16 x 256 where its blocks fill at least 60% of its slots and it is as resident as the 16 x 128 tile (each
  *   warp dequantises its 64 channels over whole stages: 0.62-0.85x the 16 x 64 tile's time there; on the 100 KB
- *   profiles it holds half the blocks per SM and measured slower than 16 x 128 on every row);
+ *   profiles with 3 stages it held half the blocks per SM and measured slower than 16 x 128 on every row; with 2 it
+ *   holds as many, Marlin layout: "MoE m14");
  * - else 16 x 128 (0.77-0.95x the 16 x 64 tile's time where the 16 x 256 tile would leave SMs idle). */
 static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launch *a) {
     const long long sms = st->sm_count, rb = a->grid_blocks;
@@ -240,10 +241,14 @@ static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launc
         return;
     }
     a->tile = W4A16_MOE_TILE_16x256;
+    a->stages = w4a16_moe_stages(st, a->tile, a->layout); /* its own depth (2 on a 100 KB SM: four blocks) */
     const long long per_b = (size_t)w4a16_moe_smem_bytes(a->tile, a->layout, a->stages) <= st->smem_optin
                                 ? moe_blocks_per_sm(st, device, a, 0, &occ)
                                 : 0;
-    if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6) a->tile = W4A16_MOE_TILE_16x128;
+    if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6) {
+        a->tile = W4A16_MOE_TILE_16x128;
+        a->stages = w4a16_moe_stages(st, a->tile, a->layout);
+    }
 }
 
 int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
@@ -257,8 +262,15 @@ int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
      * the time at T >= 1024 under the sm120 profile (docs/PERFORMANCE.md "MoE m5"). The 32 x 64 tile (3 by
      * registers) takes 38.8 / 44.9 KB (Marlin / AWQ) with 3 stages of 128 k, two blocks per 100 KB SM; with 2 its
      * warps' reduction buffer (32 KB) sizes it and three fit: 0.91-0.96x the 3-stage time on three of the four layers
-     * rows-32n won most on, 1.05x on the fourth ("v41"). */
-    const int want = tile == W4A16_MOE_TILE_64 ? 2 : tile == W4A16_MOE_TILE_32x64 ? 3 : 0;
+     * rows-32n won most on, 1.05x on the fourth ("v41"). The 16 x 256 tile (4 by registers) takes 34.5 KB with 3
+     * stages, two blocks per 100 KB SM, so moe_tile16 never took it there; with 2 (23 KB) four fit, and where the
+     * plan then takes it in place of 16 x 128 the sm120 profile ran 0.81-0.94x the time on 13 of 17 MoE rows at T =
+     * 4-64, 1.04-1.11x on 4 ("MoE m14"). The 16 x 64 tile keeps its depth: its 4th block only paid where it made the
+     * blocks fit one wave, and 2 stages lost 7-8% where they did not (dense rows-16 and MoE decode rows). */
+    const int want = tile == W4A16_MOE_TILE_64       ? 2
+                     : tile == W4A16_MOE_TILE_32x64  ? 3
+                     : tile == W4A16_MOE_TILE_16x256 ? 4
+                                                     : 0;
     if (want && st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, base) + st->smem_reserved) < want &&
         st->smem_per_sm / (w4a16_moe_smem_bytes(tile, layout, 2) + st->smem_reserved) >= want)
         return 2;
@@ -287,7 +299,7 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     a->layout = layout;
     a->carveout = st->carveout; /* a forced profile's smaller SM, emulated as the dense kernels emulate it */
     a->tile = block_size <= 16 ? W4A16_MOE_TILE_16x64 : block_size <= 32 ? W4A16_MOE_TILE_32 : W4A16_MOE_TILE_64;
-    a->stages = w4a16_moe_stages(st, a->tile, layout); /* the same for the three 16-row tiles moe_tile16 picks from */
+    a->stages = w4a16_moe_stages(st, a->tile, layout); /* 16 x 64 and 16 x 128 alike; moe_tile16 sets 16 x 256's */
     if ((size_t)w4a16_moe_smem_bytes(a->tile, layout, a->stages) > st->smem_optin)
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
                           "%s: block_size=%d needs %d bytes of shared memory; device %d "

@@ -836,16 +836,18 @@ static void test_moe_stages(void **state) {
     const struct {
         plan_device d;
         const char *forced;
-        int s64, s32n, s_other; /* stages of the 64-row tile, of the 32 x 64 one, of the others */
+        int s64, s32n, s_other; /* stages of the 64-row tile, of the 32 x 64 one, of the others but 16 x 256 */
+        int s16w[2]; /* of the 16 x 256 one (AWQ, Marlin): 4 x 2 AWQ stages (26112 bytes with the reserve) do not fit a
+                        100 KB SM, so AWQ keeps 3 there (two blocks per SM: moe_tile16 takes 16 x 128 instead) */
     } c[] = {
-        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 2, 2, 3},
-        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 0}, NULL, 2, 2, 3},
-        {{"GB10", "sm121", 48, 101376, 0, 0}, NULL, 2, 2, 3},
-        {{"RTX 4090", "sm89", 128, 101376, 0, 0}, NULL, 2, 2, 3},
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 2, 2, 3},
-        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 3, 3, 3},
-        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 4, 4, 4},
-        {{"B200", "sm100", 148, 232448, 0, 0}, NULL, 4, 4, 4},
+        {{"RTX 5090", "sm120", 170, 101376, 0, 0}, NULL, 2, 2, 3, {3, 2}},
+        {{"RTX PRO 6000", "sm120", 188, 101376, 0, 0}, NULL, 2, 2, 3, {3, 2}},
+        {{"GB10", "sm121", 48, 101376, 0, 0}, NULL, 2, 2, 3, {3, 2}},
+        {{"RTX 4090", "sm89", 128, 101376, 0, 0}, NULL, 2, 2, 3, {3, 2}},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 0}, "sm120", 2, 2, 3, {3, 2}},
+        {{"A100", "sm80", 108, 166912, 0, 0}, NULL, 3, 3, 3, {3, 3}},
+        {{"H100", "sm90", 132, 232448, 1, 0}, NULL, 4, 4, 4, {4, 4}},
+        {{"B200", "sm100", 148, 232448, 0, 0}, NULL, 4, 4, 4, {4, 4}},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         w4a16_device_state st = device_state(&c[i].d);
@@ -858,17 +860,21 @@ static void test_moe_stages(void **state) {
                     assert_true((size_t)smem <= st.smem_optin);
                     continue;
                 }
-                assert_int_equal(stages, tile == W4A16_MOE_TILE_64      ? c[i].s64
-                                         : tile == W4A16_MOE_TILE_32x64 ? c[i].s32n
-                                                                        : c[i].s_other);
+                assert_int_equal(stages, tile == W4A16_MOE_TILE_64       ? c[i].s64
+                                         : tile == W4A16_MOE_TILE_32x64  ? c[i].s32n
+                                         : tile == W4A16_MOE_TILE_16x256 ? c[i].s16w[layout]
+                                                                         : c[i].s_other);
                 assert_true((size_t)smem <= st.smem_optin);
                 /* the 4-warp 64-row tile keeps two blocks per SM wherever its depth allows, the 32 x 64 one three */
                 if (tile == W4A16_MOE_TILE_64) assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 2);
                 if (tile == W4A16_MOE_TILE_32x64) assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 3);
+                /* and the 16 x 256 one, with 2 stages, four (its register budget, as the 16 x 128 tile holds them) */
+                if (tile == W4A16_MOE_TILE_16x256 && stages == 2)
+                    assert_true(st.smem_per_sm / (smem + st.smem_reserved) >= 4);
             }
         }
-        print_message("  %-13s MoE stages: 64-row tile %d, 32 x 64 %d, others %d\n", c[i].d.name, c[i].s64, c[i].s32n,
-                      c[i].s_other);
+        print_message("  %-13s MoE stages: 64-row tile %d, 32 x 64 %d, 16 x 256 %d (AWQ %d), others %d\n", c[i].d.name,
+                      c[i].s64, c[i].s32n, c[i].s16w[1], c[i].s16w[0], c[i].s_other);
     }
 }
 
