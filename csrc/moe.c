@@ -264,9 +264,10 @@ int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
      * warps' reduction buffer (32 KB) sizes it and three fit: 0.91-0.96x the 3-stage time on three of the four layers
      * rows-32n won most on, 1.05x on the fourth ("v41"). The 16 x 256 tile (4 by registers) takes 34.5 KB with 3
      * stages, two blocks per 100 KB SM, so moe_tile16 never took it there; with 2 (23 KB) four fit, and where the
-     * plan then takes it in place of 16 x 128 the sm120 profile ran 0.81-0.94x the time on 13 of 17 MoE rows at T =
-     * 4-64, 1.04-1.11x on 4 ("MoE m14"). The 16 x 64 tile keeps its depth: its 4th block only paid where it made the
-     * blocks fit one wave, and 2 stages lost 7-8% where they did not (dense rows-16 and MoE decode rows). */
+     * plan then takes it in place of 16 x 128 the sm120 profile ran 0.82-0.95x the time on 11 of 17 MoE rows at T =
+     * 4-64, within 4% on 2, 1.05-1.13x on 4 ("MoE m14"). The 16 x 64 tile keeps its depth: its 4th block only paid
+     * where it made the blocks fit one wave, and 2 stages lost 7-8% where they did not (dense rows-16 and MoE decode
+     * rows). */
     const int want = tile == W4A16_MOE_TILE_64       ? 2
                      : tile == W4A16_MOE_TILE_32x64  ? 3
                      : tile == W4A16_MOE_TILE_16x256 ? 4
