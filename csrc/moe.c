@@ -218,6 +218,13 @@ int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {
     return err != cudaSuccess ? err : w4a16_launch_moe_gemm(&a);
 }
 
+/* A tile for launch `a` with the pipeline depth the profile gives that tile (w4a16_moe_stages): the two go together,
+ * since the depth decides the shared memory and so the resident blocks the plan counts. */
+static void moe_use_tile(const w4a16_device_state *st, w4a16_moe_launch *a, int tile) {
+    a->tile = tile;
+    a->stages = w4a16_moe_stages(st, tile, a->layout);
+}
+
 /* The tile of a 16-row routing block (the routing blocks counted from the buffers' capacity, as for the K split), from
  * one A/B run of the three tiles on the H100, native and sm120 profiles (docs/PERFORMANCE.md "MoE m4"):
  * - 16 x 64 where its blocks fit in about one wave of the GPU's block slots (at most 1.1: decode sizes), or where the
@@ -231,24 +238,21 @@ int w4a16_moe_dense_launch(const w4a16_gemm_launch *g) {
 static void moe_tile16(const w4a16_device_state *st, int device, w4a16_moe_launch *a) {
     const long long sms = st->sm_count, rb = a->grid_blocks;
     int occ;
-    a->tile = W4A16_MOE_TILE_16x64;
+    moe_use_tile(st, a, W4A16_MOE_TILE_16x64);
     const long long per_c = moe_blocks_per_sm(st, device, a, 0, &occ);
     if (per_c < 1 || rb * ((a->N + 63) / 64) * 10 <= sms * per_c * 11) return;
-    a->tile = W4A16_MOE_TILE_16x128;
+    moe_use_tile(st, a, W4A16_MOE_TILE_16x128);
     const long long per_a = moe_blocks_per_sm(st, device, a, 0, &occ);
     if (per_a < 1 || rb * ((a->N + 127) / 128) * 10 < sms * per_a * 6) {
-        a->tile = W4A16_MOE_TILE_16x64;
+        moe_use_tile(st, a, W4A16_MOE_TILE_16x64);
         return;
     }
-    a->tile = W4A16_MOE_TILE_16x256;
-    a->stages = w4a16_moe_stages(st, a->tile, a->layout); /* its own depth (2 on a 100 KB SM: four blocks) */
+    moe_use_tile(st, a, W4A16_MOE_TILE_16x256); /* 2 stages on a 100 KB SM: four blocks */
     const long long per_b = (size_t)w4a16_moe_smem_bytes(a->tile, a->layout, a->stages) <= st->smem_optin
                                 ? moe_blocks_per_sm(st, device, a, 0, &occ)
                                 : 0;
-    if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6) {
-        a->tile = W4A16_MOE_TILE_16x128;
-        a->stages = w4a16_moe_stages(st, a->tile, a->layout);
-    }
+    if (per_b < 1 || per_b < per_a || rb * ((a->N + 255) / 256) * 10 < sms * per_b * 6)
+        moe_use_tile(st, a, W4A16_MOE_TILE_16x128);
 }
 
 int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
@@ -299,8 +303,10 @@ static w4a16_status moe_plan(const w4a16_device_state *st, int device, int layou
     a->dtype = dtype;
     a->layout = layout;
     a->carveout = st->carveout; /* a forced profile's smaller SM, emulated as the dense kernels emulate it */
-    a->tile = block_size <= 16 ? W4A16_MOE_TILE_16x64 : block_size <= 32 ? W4A16_MOE_TILE_32 : W4A16_MOE_TILE_64;
-    a->stages = w4a16_moe_stages(st, a->tile, layout); /* 16 x 64 and 16 x 128 alike; moe_tile16 sets 16 x 256's */
+    moe_use_tile(st, a,
+                 block_size <= 16   ? W4A16_MOE_TILE_16x64
+                 : block_size <= 32 ? W4A16_MOE_TILE_32
+                                    : W4A16_MOE_TILE_64);
     if ((size_t)w4a16_moe_smem_bytes(a->tile, layout, a->stages) > st->smem_optin)
         return w4a16_fail(W4A16_ERR_PROFILE_UNAVAILABLE,
                           "%s: block_size=%d needs %d bytes of shared memory; device %d "
