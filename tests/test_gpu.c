@@ -893,11 +893,16 @@ static void wgmma_sk_shape(int sh, int *M, int *N, int *K) {
     *N = wgmma_sk_shapes[sh].width * (sm_count * wgmma_sk_shapes[sh].pct / 100) + wgmma_sk_shapes[sh].extra;
     *K = quick ? wgmma_sk_shapes[sh].K_quick : wgmma_sk_shapes[sh].K;
 }
-/* Whether the GPU's own profile plans shape sh as wgmma stream-K in both layouts (fails where it plans wgmma without
- * it); 0 where it runs no wgmma tile (not a Hopper GPU). */
-static int wgmma_sk_planned(int sh, w4a16_dtype dt, int G) {
+/* The group size a shape of this K is planned and checked with: 128, or 32 where K is no multiple of 128 (K tail). */
+static int wgmma_sk_group(int K) { return K % 128 ? 32 : 128; }
+/* Whether shape sh runs in this mode and the GPU's own profile plans it (fp16) as wgmma stream-K in both layouts
+ * (fails where it plans wgmma without it); 0 where it runs no wgmma tile (not a Hopper GPU). */
+static int wgmma_sk_planned(int sh) {
     int M, N, K;
     wgmma_sk_shape(sh, &M, &N, &K);
+    if (!K) return 0;
+    const int G = wgmma_sk_group(K);
+    const w4a16_dtype dt = W4A16_FP16;
     const int layouts = K % 128 ? 1 : 2; /* the Marlin layout needs K % 128 */
     int wgmma = 0;
     for (int marlin = 0; marlin < layouts; marlin++) {
@@ -912,6 +917,13 @@ static int wgmma_sk_planned(int sh, w4a16_dtype dt, int G) {
         fail_msg("M=%d N=%d K=%d: one layout planned wgmma stream-K, the other not", M, N, K);
     return wgmma == layouts;
 }
+/* The wgmma stream-K tests skip, saying why, where no shape ran. */
+static void wgmma_sk_skip_if_none(int ran) {
+    if (ran == 0) {
+        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
+        skip();
+    }
+}
 
 /* The wgmma tiles' stream-K (wgmma_sk_shapes), both layouts, both dtypes, every group size, GPTQ's symmetric weights,
  * bias on alternate calls, against cuBLAS; the workspace counters zero again after each call (check_gemm). */
@@ -920,9 +932,9 @@ static void test_wgmma_stream_k(void **state) {
     REQUIRE_GPU();
     int ran = 0;
     for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
+        if (!wgmma_sk_planned(sh)) continue;
         int M, N, K;
         wgmma_sk_shape(sh, &M, &N, &K);
-        if (!K || !wgmma_sk_planned(sh, W4A16_FP16, K % 128 ? 32 : 128)) continue;
         stats st = {0};
         if (K % 128) { /* the K tail (the AWQ layout): the groups K divides */
             for (int d = 0; d < 2; d++) {
@@ -939,10 +951,7 @@ static void test_wgmma_stream_k(void **state) {
         stats_print(what, &st);
         ran++;
     }
-    if (ran == 0) {
-        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
-        skip();
-    }
+    wgmma_sk_skip_if_none(ran);
 }
 
 /* The same plans without cuBLAS, for make sanitize's racecheck and synccheck (tests *selfref*): each call against the
@@ -953,10 +962,10 @@ static void test_selfref_wgmma_stream_k(void **state) {
     REQUIRE_GPU();
     int ran = 0;
     for (int sh = 0; sh < (int)(sizeof wgmma_sk_shapes / sizeof wgmma_sk_shapes[0]); sh++) {
+        if (!wgmma_sk_planned(sh)) continue;
         int M, N, K;
         wgmma_sk_shape(sh, &M, &N, &K);
-        const int G = K % 128 ? 32 : 128;
-        if (!K || !wgmma_sk_planned(sh, W4A16_FP16, G)) continue;
+        const int G = wgmma_sk_group(K);
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
         const w4a16_dtype dt = sh % 2 ? W4A16_BF16 : W4A16_FP16;
         gpu_layer L;
@@ -991,10 +1000,7 @@ static void test_selfref_wgmma_stream_k(void **state) {
         for (int i = 0; i < 3; i++) free(out[i]);
         gpu_layer_free(&L);
     }
-    if (ran == 0) {
-        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
-        skip();
-    }
+    wgmma_sk_skip_if_none(ran);
 }
 
 /* The blocks per SM each profile's plans assume are those the GPU gives the kernels: for every profile that fits, the
