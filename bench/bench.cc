@@ -131,11 +131,11 @@ void free_all() {
 }
 
 // *_staged: the path given a workspace that holds the layer's dequantised weights (w4a16_workspace_size_staged), so
-// that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 1024.
+// that from the profile's staged_min_m on it dequantises, then multiplies densely; measured from M = 4096.
 // MARLIN_PLAIN: the Marlin path launched without W4A16_FLAG_PDL (the other w4a16 paths take it unless --pdl=0)
 enum Path { AWQ = 0, MARLIN = 1, CUBLAS = 2, AWQ_STAGED = 3, MARLIN_STAGED = 4, MARLIN_PLAIN = 5 };
 const char *path_names[] = {"awq", "marlin", "cublas_fp16", "awq_staged", "marlin_staged", "marlin_plain"};
-constexpr int STAGED_MIN_M = 1024; // the sm90 profile's staged_min_m
+constexpr int STAGED_MIN_M = 4096; // the sm90 profile's staged_min_m
 
 struct Row {
     std::string layer, path, profile, dtype;

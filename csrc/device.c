@@ -233,13 +233,14 @@ static const w4a16_device_state *init_state(int device, w4a16_device_views *v) {
     const int is_forced = forced && *forced && strcmp(forced, "auto") != 0;
     st->status = W4A16_OK;
     const w4a16_device_state *view = w4a16_device_view(v, p, is_forced);
-    char wg[128] = "", staged[48] = "", emu[128], wst[64];
+    char wg[160] = "", staged[48] = "", wgws[48] = "", emu[128], wst[64];
     emulation_text(view, emu, sizeof emu);
     ws_text(view, wst, sizeof wst);
     if (p->staged_min_m > 0) snprintf(staged, sizeof staged, ", staged GEMMs from M = %d", p->staged_min_m);
+    if (p->wgws_min_m > 0 && st->ws) snprintf(wgws, sizeof wgws, ", wgmma-ws tiles from M = %d", p->wgws_min_m);
     if (st->wgmma && p->wgmma_min_m > 0)
-        snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s", p->wgmma_min_m,
-                 p->wgmma_large_min_m, staged);
+        snprintf(wg, sizeof wg, ", wgmma kernels from M = %d (256-token tile from M = %d)%s%s", p->wgmma_min_m,
+                 p->wgmma_large_min_m, wgws, staged);
     snprintf(v->reason, sizeof v->reason,
              "profile %s%s on %s (sm_%d, %d SMs, %zu KB shared memory per block), %s%s%s%s", p->name,
              is_forced ? " (forced by W4A16_PROFILE)" : "", prop.name, arch, st->sm_count, st->smem_optin / 1024,

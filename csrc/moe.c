@@ -259,6 +259,9 @@ int w4a16_moe_stages(const w4a16_device_state *st, int tile, int layout) {
     /* ws-64 70656 bytes, ws-32 54272: one block per 100 KB SM, as the 128-row tile's 3 stages (ws-32 with 6 stages,
      * 81408 bytes, measured no faster: docs/PERFORMANCE.md v36) */
     if (tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32) return 4;
+    /* the wgmma form (228 KB Hopper SMs, one block): 6 stages of 26-27 KB (128 rows) took 0.97-0.99x the time of 4 at
+     * M 128-512 (docs/PERFORMANCE.md v45) */
+    if (w4a16_moe_tile_wgmma(tile)) return 6;
     const int base = st->profile && st->profile->arch >= 90 && st->profile->arch < 120 ? 4 : 3;
     /* Two stages where the tile's register budget allows more resident blocks than shared memory gives it with `base`
      * and two stages fit them. The 64-row tile (4 warps, 2 blocks by registers) with 3 stages of 64 k takes 53-56 KB:

@@ -5,6 +5,7 @@
 #include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <stdio.h>
+#include <stdlib.h>
 
 enum { MAX_SPLITS = 16 };
 
@@ -245,6 +246,21 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
     return plan_ws(st, layout, W4A16_MOE_TILE_WS32, p->ws32_min_kt, M, N, K, workspace_bytes, pl);
 }
 
+/* From wgws_min_m on Hopper (the sm_90a images of the wgmma and warp-specialised kernels): the wgmma form of the
+ * warp-specialised 128 x 256 tile (kernels/tile_ws.cu: two wgmma math warpgroups, one producer thread copying by TMA),
+ * whole tiles where they fill rows128_min_wave_fill percent of their waves, else stream-K blocks of at least
+ * rows64_sk_min_kt k-tiles; where it has no plan its 64-row form, stream-K blocks of at least ws64_sk_min_kt. N a
+ * multiple of 32: the copies move whole 16-byte rows of the scales and zero points. Under the native profile on the
+ * H100 it took 0.80-0.85x the wgmma kernel's time at M 128-512 over the benchmark's layers (docs/PERFORMANCE.md v45).
+ */
+static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
+                     w4a16_plan *pl) {
+    const w4a16_profile *p = st->profile;
+    if (!st->wgmma || !st->ws || p->wgws_min_m <= 0 || M < p->wgws_min_m || K % 64 || N % 32) return 0;
+    return plan_ws(st, layout, W4A16_MOE_TILE_WG128, p->rows64_sk_min_kt, M, N, K, workspace_bytes, pl) ||
+           plan_ws(st, layout, W4A16_MOE_TILE_WG64, p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl);
+}
+
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no
  * K split among them) on the identity routing, where no wgmma tile runs and M is past the decode and 32-row regimes:
  * - whole tiles where they fill at least rows64_min_fill percent of one wave of its block slots and
@@ -468,6 +484,7 @@ w4a16_status w4a16_plan_gemm(const w4a16_device_state *st, int layout, int dtype
         pl->grid[0] = w4a16_staged_grid(M, nc, st->sm_count);
         return W4A16_OK;
     }
+    if (plan_wgws(st, layout, M, N, K, workspace_bytes, pl)) return W4A16_OK;
     if (st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m) {
         plan_wgmma(st, M, N, K, workspace_bytes, pl);
         return W4A16_OK;

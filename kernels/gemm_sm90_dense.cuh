@@ -171,10 +171,10 @@ typedef CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuu
                                          const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
                                          CUtensorMapFloatOOBfill);
-// A 2-D tensor map over rows x K (K contiguous, rows `ld` elements apart) in boxes of `box_rows` x 64 with the
-// 128-byte swizzle: the operands (ld = K) and C (K = the slab's channels, ld = ldc).
-template <typename T>
-inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows, int K, int ld, int box_rows) {
+// A 2-D tensor map over rows x cols elements of `esize` bytes of `type` (cols contiguous, rows `ld` elements apart) in
+// boxes of box_rows x box_cols with the 128-byte swizzle (box_cols x esize = 128 bytes).
+inline cudaError_t encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, int esize, const void *base, int rows,
+                                     int cols, int ld, int box_cols, int box_rows) {
     static TensorMapEncodeTiled encode = nullptr; // the driver's; one lookup per process (idempotent if racy)
     if (!encode) {
         void *fn = nullptr;
@@ -184,13 +184,19 @@ inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows,
             return e != cudaSuccess ? e : cudaErrorNotSupported;
         encode = reinterpret_cast<TensorMapEncodeTiled>(fn);
     }
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * esize};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, elem[2] = {1, 1};
     CUresult r =
-        encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-               2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        encode(map, type, 2, const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+// The operands (ld = K) and C (K = the slab's channels, ld = ldc) as rows x K in T, boxes of `box_rows` x 64.
+template <typename T>
+inline cudaError_t make_tensor_map(CUtensorMap *map, const void *base, int rows, int K, int ld, int box_rows) {
+    return encode_tensor_map(
+        map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+        base, rows, K, ld, 64, box_rows);
 }
 
 // Persistent grid of `grid` blocks (the host plan: one per SM, fewer when there are fewer tiles).

@@ -39,7 +39,7 @@ typedef struct w4a16_gemm_args {
  * kernel (gemm.cuh), the sm_90a wgmma kernel (gemm_sm90.cuh), the staged path (dequantise, then dense wgmma), or one
  * of the MoE launch's tiles on the identity routing (csrc/moe.c launches them): the MoE kernel's 64 x 256, 32 x 128,
  * 16 x 64, 16 x 128 or 32 x 64 tile (kernels/moe.cu), the warp-specialised tiles of 128, 64 or 32 rows
- * (kernels/tile_ws.cu). */
+ * (kernels/tile_ws.cu), and their wgmma form of 128 or 64 rows (sm_90a). */
 #define W4A16_KERNEL_KINDS(X)                                                                                          \
     X(DECODE8, "decode-8")                                                                                             \
     X(DECODE16, "decode-16")                                                                                           \
@@ -49,7 +49,13 @@ typedef struct w4a16_gemm_args {
     X(ROWS64, "rows-64")                                                                                               \
     X(ROWS32, "rows-32")                                                                                               \
     X(ROWS128, "rows-128")                                                                                             \
-    X(WS64, "ws-64") X(WS32, "ws-32") X(ROWS16, "rows-16") X(ROWS16W, "rows-16w") X(ROWS32N, "rows-32n")
+    X(WS64, "ws-64")                                                                                                   \
+    X(WS32, "ws-32")                                                                                                   \
+    X(ROWS16, "rows-16")                                                                                               \
+    X(ROWS16W, "rows-16w")                                                                                             \
+    X(ROWS32N, "rows-32n")                                                                                             \
+    X(WGWS128, "wgmma-ws-128")                                                                                         \
+    X(WGWS64, "wgmma-ws-64")
 /* The kinds that run a MoE launch tile, and that tile: one table for both directions. */
 #define W4A16_KERNEL_TILES(X)                                                                                          \
     X(ROWS64, W4A16_MOE_TILE_64)                                                                                       \
@@ -57,7 +63,11 @@ typedef struct w4a16_gemm_args {
     X(ROWS128, W4A16_MOE_TILE_128)                                                                                     \
     X(WS64, W4A16_MOE_TILE_WS64)                                                                                       \
     X(WS32, W4A16_MOE_TILE_WS32)                                                                                       \
-    X(ROWS16, W4A16_MOE_TILE_16x64) X(ROWS16W, W4A16_MOE_TILE_16x128) X(ROWS32N, W4A16_MOE_TILE_32x64)
+    X(ROWS16, W4A16_MOE_TILE_16x64)                                                                                    \
+    X(ROWS16W, W4A16_MOE_TILE_16x128)                                                                                  \
+    X(ROWS32N, W4A16_MOE_TILE_32x64)                                                                                   \
+    X(WGWS128, W4A16_MOE_TILE_WG128)                                                                                   \
+    X(WGWS64, W4A16_MOE_TILE_WG64)
 typedef enum w4a16_kernel_kind {
 #define W4A16_KIND_ENUM_(sym, text) W4A16_KERNEL_##sym,
     W4A16_KERNEL_KINDS(W4A16_KIND_ENUM_)

@@ -807,6 +807,8 @@ template <typename T, int LAYOUT> cudaError_t launch_tile(const w4a16_moe_launch
     case W4A16_MOE_TILE_128: // the warp-specialised tiles (kernels/tile_ws.cu)
     case W4A16_MOE_TILE_WS64:
     case W4A16_MOE_TILE_WS32:
+    case W4A16_MOE_TILE_WG128:
+    case W4A16_MOE_TILE_WG64:
         return (cudaError_t)w4a16_launch_ws(&a);
     case W4A16_MOE_TILE_16x64:
         return launch<T, LAYOUT, W4A16_MOE_TILE_16x64>(a);
@@ -828,6 +830,8 @@ template <typename T, int LAYOUT> cudaError_t prepare_tile(const w4a16_moe_launc
     case W4A16_MOE_TILE_128:
     case W4A16_MOE_TILE_WS64:
     case W4A16_MOE_TILE_WS32:
+    case W4A16_MOE_TILE_WG128:
+    case W4A16_MOE_TILE_WG64:
         return (cudaError_t)w4a16_prepare_ws(&a, n);
     case W4A16_MOE_TILE_16x64:
         return prepare<T, LAYOUT, W4A16_MOE_TILE_16x64>(a, split, n);

@@ -49,9 +49,9 @@ int w4a16_launch_moe_gemm(const w4a16_moe_launch *a);
  * gives the resident blocks per SM the device allows it then; returns the cudaError_t. csrc/moe.c does this once per
  * device and kernel (cached). */
 int w4a16_moe_prepare(const w4a16_moe_launch *a, int split, int *blocks_per_sm);
-/* The warp-specialised dense tiles (W4A16_MOE_TILE_128 / _WS64 / _WS32; kernels/tile_ws.cu): their launch and
- * their preparation as above, and whether this device can load it (its kernels exist only as sm_90a / sm_120a / sm_121a
- * machine code: they set their warps' register budgets with setmaxnreg); cudaError_t. */
+/* The warp-specialised dense tiles (W4A16_MOE_TILE_128 / _WS64 / _WS32, and _WG128 / _WG64; kernels/tile_ws.cu): their
+ * launch and their preparation as above, and whether this device can load it (its kernels exist only as sm_90a /
+ * sm_120a / sm_121a machine code: they set their warps' register budgets with setmaxnreg); cudaError_t. */
 int w4a16_launch_ws(const w4a16_moe_launch *a);
 int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm);
 int w4a16_probe_ws(void);
@@ -67,7 +67,10 @@ enum {
     W4A16_MOE_TILE_WS32 = 7,   /* 32 x 256, 64 k: ... 32-row warp tiles (M 17-32) */
     W4A16_MOE_TILE_32x64 = 8,  /* 32 x 64, 128 k: the 16 x 64 tile's 4-way K split, each weight fragment feeding two m16
                                   tiles (dense rows-32n: M 17-64 below the wgmma tiles, K split across blocks) */
-    W4A16_MOE_TILES = 9
+    W4A16_MOE_TILE_WG128 = 9,  /* 128 x 256, 64 k: the warp-specialised tile with wgmma math warpgroups and TMA copies
+                                  (sm_90a only; dense only) */
+    W4A16_MOE_TILE_WG64 = 10,  /* 64 x 256, 64 k: the same with 64 rows */
+    W4A16_MOE_TILES = 11
 };
 
 #ifdef __cplusplus
@@ -78,12 +81,17 @@ enum {
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_rows(int tile) {
     return tile <= W4A16_MOE_TILE_16x256                                                              ? 16
            : tile == W4A16_MOE_TILE_32 || tile == W4A16_MOE_TILE_WS32 || tile == W4A16_MOE_TILE_32x64 ? 32
-           : tile == W4A16_MOE_TILE_128                                                               ? 128
+           : tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WG128                               ? 128
                                                                                                       : 64;
+}
+/* The warp-specialised tiles' wgmma form (kernels/tile_ws.cu; sm_90a). */
+static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_wgmma(int tile) {
+    return tile == W4A16_MOE_TILE_WG128 || tile == W4A16_MOE_TILE_WG64;
 }
 /* The warp-specialised tiles (kernels/tile_ws.cu). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_ws(int tile) {
-    return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32;
+    return tile == W4A16_MOE_TILE_128 || tile == W4A16_MOE_TILE_WS64 || tile == W4A16_MOE_TILE_WS32 ||
+           w4a16_moe_tile_wgmma(tile);
 }
 /* The tiles with a K-splitting kernel instance: 16 x 64 (MoE plans, dense rows-16), 32 x 128 and 32 x 64 (dense
  * rows-32, rows-32n). */
@@ -115,10 +123,12 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
  * by 8). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
     if (w4a16_moe_tile_ws(tile)) { /* tile_ws.cu: A, Marlin weights, 2 scale and zero-point rows; output staged */
-        const int rows = w4a16_moe_tile_rows(tile);
+        const int rows = w4a16_moe_tile_rows(tile), wg = w4a16_moe_tile_wgmma(tile);
         const int b = layout == 0 ? 64 * (256 / 8 + 4) * 4 : 4 * 2 * 256 * 4; /* AWQ rows padded by 4 words */
-        const int st = rows * 64 * 2 + b + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
-        return stages * st > out ? stages * st : out;
+        const int raw = rows * 64 * 2 + b + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
+        /* the wgmma form: stages on 1024-byte swizzle atoms, + the slack that aligns the first */
+        const int st = wg ? (raw + 1023) / 1024 * 1024 : raw;
+        return (stages * st > out ? stages * st : out) + (wg ? 1024 : 0);
     }
     const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;
     const int ks = tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4 : 2;

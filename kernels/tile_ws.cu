@@ -15,15 +15,28 @@
 //   A fragments). setmaxnreg moves them: producer 40, math 232. setmaxnreg exists only in the architecture-specific
 //   targets (sm_90a, sm_120a, sm_121a), so this file is built for those alone and the host plans the tile only where
 //   w4a16_probe_ws finds the image (csrc/device.c).
+// The wgmma form (sm_90a: "wgmma-ws-128", "wgmma-ws-64"; the Hopper profile's plans from M = 65) keeps the block, the
+// work split and the epilogue, and changes what the roles do:
+// - one producer thread fills a stage: the activations by TMA (a tensor map built per launch, 128-byte swizzle), the
+//   AWQ weights by TMA too, the Marlin weight rows and the scale and zero-point rows by bulk copies, all completing on
+//   the stage's "full" mbarrier by bytes. The cp.async producer above spent 20-25% of the kernel's time (a variant that
+//   copied nothing ran 0.76-0.81x as long); with TMA the loop is the math warps' (docs/PERFORMANCE.md v45).
+// - a math warpgroup multiplies its 128 channels by wgmma, the product transposed as in gemm_sm90.cuh: the dequantised
+//   weights are wgmma's register operand, the activation tile its shared-memory operand by descriptor. Unlike
+//   gemm_sm90.cuh's block, the two warpgroups never wait for each other (no block barrier), so one dequantises while
+//   the other's batch runs.
 // Work split: block b of gridDim.x takes units [b U / B, (b + 1) U / B) of the U = tiles x k-tiles (tile, k-tile)
 // units, channel tiles fastest; with one block per tile that is a whole tile each, with fewer blocks stream-K (partial
 // tiles' fp32 sums through the workspace, added by the tile's last block in block order: deterministic), as the rows-64
 // stream-K kernel does (stream_k.cuh).
 #include "common.cuh"
+#include "gemm_sm90_dense.cuh" // make_tensor_map
 #include "launch.h"
 #include "moe_launch.h"
 #include "stream_k.cuh"
+#include "wgmma.cuh"
 #include <cuda_runtime.h>
+#include <type_traits>
 
 namespace w4a16 {
 namespace moe {
@@ -33,22 +46,24 @@ constexpr int MATH_WARPS = 8, PRODUCERS = 128, THREADS = W4A16_MOE_WS_THREADS, B
 static_assert(THREADS == MATH_WARPS * 32 + PRODUCERS, "two math warpgroups and a producer warpgroup");
 // registers per thread after setmaxnreg: 128 x 40 + 256 x 232 = 64512 of the SM's 65536
 constexpr int PRODUCER_REGS = 40, MATH_REGS = 232;
-constexpr int MAX_STAGES = 6;
+constexpr int MAX_STAGES = 8;
 
 // A stage: the activation tile (BM rows of BK k, 16-byte chunks XOR-swizzled by row for ldmatrix), the packed
 // weights (Marlin: BK / 16 rows of 2 BN words; AWQ: BK rows of BN / 8 words, padded by 4 so that a fragment's four
 // row loads hit distinct banks), two scale rows and two zero-point rows (G = 32 puts two groups in a stage).
-template <int LAYOUT, int MT> struct Tile {
+template <int LAYOUT, int MT, bool WG = false> struct Tile {
     static constexpr int BM = 16 * MT, SB = BN / 8 + 4;
     static constexpr int A_BYTES = BM * BK * 2;
     static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
-    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    // wgmma reads the activation tile by descriptor: stages start on 1024-byte swizzle atoms
+    static constexpr int STAGE_RAW = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int STAGE = WG ? (STAGE_RAW + 1023) / 1024 * 1024 : STAGE_RAW;
     static constexpr int SROW = BN + 8, OUT = BM * SROW * 2; // the staged output tile, rows padded by 16 bytes
     static constexpr int A_PER = BM * (BK / 8) / PRODUCERS;  // a producer thread's 16-byte chunks per stage
     static constexpr int B_PER = BK * (BN / 32) / PRODUCERS; // (both layouts: BK x BN / 2 bytes)
     static_assert(A_PER * PRODUCERS == BM * (BK / 8) && B_PER * PRODUCERS == BK * (BN / 32), "chunks");
-    static constexpr int smem(int stages) { return stages * STAGE > OUT ? stages * STAGE : OUT; }
+    static constexpr int smem(int stages) { return (stages * STAGE > OUT ? stages * STAGE : OUT) + (WG ? 1024 : 0); }
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -71,6 +86,36 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
                  : "memory");
 #endif
 }
+// The same on a shared-window address computed once (the generic-to-shared conversion costs a few uniform
+// instructions per use).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
+                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    uint64_t state __attribute__((unused));
+    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx_u32(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A 2-D TMA box (coordinates c0 along K, c1 along rows) into shared memory, completing `bytes` on the mbarrier.
+__device__ __forceinline__ void tma_load_2d_u32(void *dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+// A contiguous bulk copy (16-byte aligned, a multiple of 16 bytes) into shared memory, completing on the mbarrier.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     uint64_t state __attribute__((unused));
     asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
@@ -92,19 +137,27 @@ __device__ __forceinline__ void bar_sync(int id, int threads) {
     asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <typename T, int LAYOUT, int MT>
-__global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p) {
+template <typename T, int LAYOUT, int MT, bool WG>
+__global__ void __launch_bounds__(THREADS, 1)
+    ws_kernel(const w4a16_moe_launch p, const __grid_constant__ CUtensorMap amap,
+              const __grid_constant__ CUtensorMap bmap) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(__CUDA_ARCH_FEAT_SM120_ALL) &&           \
     !defined(__CUDA_ARCH_FEAT_SM121_ALL)
     __trap(); // a stub: never planned (w4a16_probe_ws fails), no setmaxnreg on this target
 #else
     using D = Dtype<T>;
-    using TL = Tile<LAYOUT, MT>;
+    using TL = Tile<LAYOUT, MT, WG>;
+    // The wgmma form: one producer thread fills a stage by TMA (the activations through `amap`; the AWQ weights through
+    // `bmap`, 128-byte rows in the 128-byte swizzle) and bulk copies (the Marlin weight rows, the scale and zero-point
+    // rows), no per-thread copies.
+    constexpr bool TMA = WG;
     constexpr bool AWQ = LAYOUT == W4A16_LAYOUT_AWQ;
     constexpr int SB = TL::SB;
     constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
     constexpr int STAGE = TL::STAGE, SROW = TL::SROW;
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // the wgmma form reads activation tiles by descriptor: 1024-byte aligned stages (Tile adds the slack)
+    unsigned char *const smem = WG ? smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023) : smem_raw;
     __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES], seg_done;
     __shared__ int s_flag;
 
@@ -114,8 +167,8 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
     const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
     if (tid == 0) {
         for (int s = 0; s < stages; s++) {
-            mbar_init(&full[s], PRODUCERS);        // every producer thread, once its copies land
-            mbar_init(&empty[s], MATH_WARPS * 32); // every math thread once done reading the stage
+            mbar_init(&full[s], TMA ? 1 : PRODUCERS); // every producer thread, once its copies land (TMA: bytes)
+            mbar_init(&empty[s], MATH_WARPS * 32);    // every math thread once done reading the stage
         }
         mbar_init(&seg_done, MATH_WARPS * 32); // every math thread once a segment's epilogue is done
     }
@@ -150,7 +203,49 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             phase ^= 1;
         }
     };
-    if (warp >= MATH_WARPS) {
+    if (warp >= MATH_WARPS && TMA) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if (tid != MATH_WARPS * 32) return; // one thread issues every copy
+        const uint32_t *Bw = static_cast<const uint32_t *>(p.B);
+        const T *S = static_cast<const T *>(p.scales);
+        const uint32_t *Z = static_cast<const uint32_t *>(p.zeros);
+        const uint32_t full0 = smem_u32(&full[0]), empty0 = smem_u32(&empty[0]);
+        for_segments(true, [&](int seg, int t, int k0, int nk, int m0, int n0) {
+            (void)seg;
+            (void)t;
+            // the tile's share of a weight row (Marlin: 2 words a channel), of a scale row and of a zero-point row
+            const int ch = min(BN, N - n0);
+            const uint32_t b_bytes = ch * 8, s_bytes = ch * 2, z_bytes = Z ? ch / 2 : 0;
+            const uint32_t bytes =
+                A_BYTES + (AWQ ? BK * BN / 2 : (BK / 16) * b_bytes) + SLOTS * (s_bytes + z_bytes); // TMA boxes: whole
+            for (int s = 0; s < nk; s++, advance()) {
+                const int kt = k0 + s;
+                mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
+                unsigned char *st = smem + slot * STAGE;
+                const uint32_t bar = full0 + 8 * slot;
+                mbar_expect_tx_u32(bar, bytes);
+                tma_load_2d_u32(st, &amap, kt * BK, m0, bar); // rows past M are zero-filled (and counted)
+                if constexpr (AWQ)
+                    tma_load_2d_u32(st + A_BYTES, &bmap, n0 / 8, kt * BK, bar);
+                else
+#pragma unroll
+                    for (int i = 0; i < BK / 16; i++)
+                        bulk_load(st + A_BYTES + i * (2 * BN * 4), Bw + (size_t)(kt * (BK / 16) + i) * (2 * N) + 2 * n0,
+                                  b_bytes, bar);
+                const int g0 = (kt * BK) >> gshift;
+#pragma unroll
+                for (int i = 0; i < SLOTS; i++) {
+                    const int g = min(g0 + i, g_last);
+                    bulk_load(st + A_BYTES + B_BYTES + i * BN * 2, S + (size_t)g * N + n0, s_bytes, bar);
+                    if (Z)
+                        bulk_load(st + A_BYTES + B_BYTES + S_BYTES + i * (BN / 8) * 4, Z + (size_t)g * (N / 8) + n0 / 8,
+                                  z_bytes, bar);
+                }
+            }
+        });
+#endif
+    } else if (warp >= MATH_WARPS) {
         setmaxnreg_dec<PRODUCER_REGS>();
         for_segments(true, [&](int seg, int t, int k0, int nk, int m0, int n0) {
             (void)seg;
@@ -216,101 +311,204 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             const int q = lane & 3, r = lane >> 2, gq = warp >> 1, h = warp & 1;
             const bool has_zeros = p.zeros != nullptr, channelwise = p.marlin_channelwise != 0;
             float acc[MT][4][4];
-            zero_sums(acc);
+            if constexpr (!WG) zero_sums(acc); // (wgmma: the first MMA of a segment overwrites)
             GroupConst<T> gc[4];
             int cur_group = -1;
-            for (int s = 0; s < nk; s++, advance()) {
-                const int kt = k0 + s;
-                mbar_wait(&full[slot], phase);
-                const unsigned char *st = smem + slot * STAGE;
-                const int gs = (kt * BK) >> gshift;
-                // the packed weights of the warp's four n8 blocks at k16 step kk: Marlin the lane's 8 bytes of them;
-                // AWQ rows 2q, 2q + 1, 2q + 8, 2q + 9 of word r of the 64-channel group (blocks 4h .. 4h + 3 are
-                // nibbles 4h .. 4h + 3 of those words)
-                auto fetch = [&](int kk) {
-                    uint4 f;
-                    if constexpr (AWQ) {
-                        const uint32_t *rowp =
-                            reinterpret_cast<const uint32_t *>(st + A_BYTES) + (kk * 16 + 2 * q) * SB + gq * 8 + r;
-                        f = make_uint4(rowp[0], rowp[SB], rowp[8 * SB], rowp[9 * SB]);
-                    } else {
-                        const uint2 v = reinterpret_cast<const uint2 *>(st + A_BYTES +
-                                                                        (kk * (2 * BN) + gq * 128) * 4)[2 * lane + h];
-                        f = make_uint4(v.x, v.y, 0u, 0u);
-                    }
-                    return f;
-                };
-                uint4 fr = fetch(0);
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; kk++) {
-                    const int g = (kt * BK + 16 * kk) >> gshift;
-                    if (kk % 2 == 0 && g != cur_group) { // groups start at multiples of 32 k (G >= 32)
-                        cur_group = g;
-                        const int sl = min(g, g_last) - min(gs, g_last);
-                        const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + gq * 64;
-                        const uint32_t *sZ = reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) +
-                                             sl * (BN / 8) + gq * 8;
-                        uint32_t sc[4];
-                        if constexpr (AWQ) { // position = column: block 4h + j, slot r is column 8r + ORDER[4h + j]
-                            const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
-                            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                            for (int j = 0; j < 4; j++) {
-                                const int c = awq_order(4 * h + j);
-                                sc[j] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
-                            }
-                        } else if (channelwise) {
-                            // channelwise Marlin scales: in 32 columns, position 8i + t holds column
-                            // 2i + {0,1,8,9,16,17,24,25}[t]; block m = 4h + j
-                            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
-#pragma unroll
-                            for (int j = 0; j < 4; j++)
-                                sc[j] = prmt(s16[32 * h + 8 * (r / 2) + 2 * j + (r % 2)], 0u, 0x1010u);
-                        } else { // grouped: position 8r + m holds column r + 8m
-                            const uint2 v = *reinterpret_cast<const uint2 *>(sS + 8 * r + 4 * h);
-#pragma unroll
-                            for (int j = 0; j < 4; j++) sc[j] = prmt(j < 2 ? v.x : v.y, 0u, j % 2 ? 0x3232u : 0x1010u);
-                        }
-                        const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            gc[j] = make_group_const_bits<T>(
-                                sc[j], (zw >> (4 * (AWQ ? 4 * h + j : awq_reverse(4 * h + j)))) & 0xF);
-                    }
-                    const uint4 f = fr;
-                    if (kk + 1 < BK / 16) fr = fetch(kk + 1);
-                    uint32_t b[4][2];
-                    if constexpr (AWQ) { // nibbles 4h + j of rows (2q, 2q + 1) and (2q + 8, 2q + 9), paired by prmt
-                        const uint32_t sel = h ? 0x7632u : 0x5410u;
-                        const uint32_t x01 = prmt(f.x, f.y, sel), x89 = prmt(f.z, f.w, sel);
+            // the packed weights of the warp's four n8 blocks at k16 step kk: Marlin the lane's 8 bytes of them;
+            // AWQ rows 2q, 2q + 1, 2q + 8, 2q + 9 of word r of the 64-channel group (blocks 4h .. 4h + 3 are
+            // nibbles 4h .. 4h + 3 of those words)
+            const int f_off = AWQ ? A_BYTES + ((2 * q) * SB + gq * 8 + r) * 4 : A_BYTES + gq * 512 + (2 * lane + h) * 8;
+            // TMA's AWQ rows: 128 bytes (word w of row R in 16-byte chunk (w / 4) ^ (R % 8)); rows 2q, 2q + 8 of a k16
+            // step share one chunk order, 2q + 1, 2q + 9 the next (conflict-free over the warp)
+            const int w_awq = gq * 8 + r;
+            const int f_o0 = A_BYTES + 2 * q * 128 + ((((w_awq >> 2) ^ (2 * q)) << 4) | ((w_awq & 3) << 2));
+            const int f_o1 = A_BYTES + (2 * q + 1) * 128 + ((((w_awq >> 2) ^ (2 * q + 1)) << 4) | ((w_awq & 3) << 2));
+            auto fetch = [&](const unsigned char *st, int kk) {
+                uint4 f;
+                if constexpr (AWQ && TMA) {
+                    const unsigned char *b = st + kk * 16 * 128;
+                    f = make_uint4(*reinterpret_cast<const uint32_t *>(b + f_o0),
+                                   *reinterpret_cast<const uint32_t *>(b + f_o1),
+                                   *reinterpret_cast<const uint32_t *>(b + f_o0 + 8 * 128),
+                                   *reinterpret_cast<const uint32_t *>(b + f_o1 + 8 * 128));
+                } else if constexpr (AWQ) {
+                    const uint32_t *rowp = reinterpret_cast<const uint32_t *>(st + f_off + kk * 16 * SB * 4);
+                    f = make_uint4(rowp[0], rowp[SB], rowp[8 * SB], rowp[9 * SB]);
+                } else {
+                    const uint2 v = *reinterpret_cast<const uint2 *>(st + f_off + kk * (2 * BN) * 4);
+                    f = make_uint4(v.x, v.y, 0u, 0u);
+                }
+                return f;
+            };
+            // The B fragments b[j] (n8 block j of the warp: channel column r, k 2q.. and 2q + 8..) of k16 step kk of
+            // the stage at st (k-tile kt; gs its first group): the group constants when a group starts, the next
+            // step's packed weights into fr, this step's dequantised.
+            auto dequant_step = [&](const unsigned char *st, int kt, int gs, int kk, uint4 &fr, uint32_t(&b)[4][2]) {
+                const int g = (kt * BK + 16 * kk) >> gshift;
+                if (kk % 2 == 0 && g != cur_group) { // groups start at multiples of 32 k (G >= 32)
+                    cur_group = g;
+                    const int sl = min(g, g_last) - min(gs, g_last);
+                    const T *sS = reinterpret_cast<const T *>(st + A_BYTES + B_BYTES) + sl * BN + gq * 64;
+                    const uint32_t *sZ =
+                        reinterpret_cast<const uint32_t *>(st + A_BYTES + B_BYTES + S_BYTES) + sl * (BN / 8) + gq * 8;
+                    uint32_t sc[4];
+                    if constexpr (AWQ) { // position = column: block 4h + j, slot r is column 8r + ORDER[4h + j]
+                        const uint4 v = *reinterpret_cast<const uint4 *>(sS + 8 * r);
+                        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
-                            const uint32_t x0 = x01 >> (8 * (j / 2)), x8 = x89 >> (8 * (j / 2));
-                            b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
-                            b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+                            const int c = awq_order(4 * h + j);
+                            sc[j] = prmt(w[c / 2], 0u, c % 2 ? 0x3232u : 0x1010u);
                         }
-                    } else {
-                        b[0][0] = dq_lo<T>(f.x, gc[0]);
-                        b[0][1] = dq_hi<T>(f.x, gc[0]);
-                        b[1][0] = dq_lo<T>(f.x >> 8, gc[1]);
-                        b[1][1] = dq_hi<T>(f.x >> 8, gc[1]);
-                        b[2][0] = dq_lo<T>(f.y, gc[2]);
-                        b[2][1] = dq_hi<T>(f.y, gc[2]);
-                        b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
-                        b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
-                    }
-                    const T *sA = reinterpret_cast<const T *>(st) + a_off[kk];
-                    auto load_a = [&](int mt, uint32_t(&fa)[4]) { ldmatrix_x4(fa, sA + mt * 16 * BK); };
-                    uint32_t fa[2][4];
-                    load_a(0, fa[0]);
+                    } else if (channelwise) {
+                        // channelwise Marlin scales: in 32 columns, position 8i + t holds column
+                        // 2i + {0,1,8,9,16,17,24,25}[t]; block m = 4h + j
+                        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sS);
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        if (mt + 1 < MT) load_a(mt + 1, fa[(mt + 1) & 1]);
+                        for (int j = 0; j < 4; j++)
+                            sc[j] = prmt(s16[32 * h + 8 * (r / 2) + 2 * j + (r % 2)], 0u, 0x1010u);
+                    } else { // grouped: position 8r + m holds column r + 8m
+                        const uint2 v = *reinterpret_cast<const uint2 *>(sS + 8 * r + 4 * h);
 #pragma unroll
-                        for (int j = 0; j < 4; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
+                        for (int j = 0; j < 4; j++) sc[j] = prmt(j < 2 ? v.x : v.y, 0u, j % 2 ? 0x3232u : 0x1010u);
                     }
+                    const uint32_t zw = has_zeros ? sZ[r] : 0x88888888u; // uint4b8: zero point 8
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        gc[j] = make_group_const_bits<T>(
+                            sc[j], (zw >> (4 * (AWQ ? 4 * h + j : awq_reverse(4 * h + j)))) & 0xF);
                 }
-                mbar_arrive(&empty[slot]);
+                const uint4 f = fr;
+                if (kk + 1 < BK / 16) fr = fetch(st, kk + 1);
+                if constexpr (AWQ) { // nibbles 4h + j of rows (2q, 2q + 1) and (2q + 8, 2q + 9), paired by prmt
+                    const uint32_t sel = h ? 0x7632u : 0x5410u;
+                    const uint32_t x01 = prmt(f.x, f.y, sel), x89 = prmt(f.z, f.w, sel);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint32_t x0 = x01 >> (8 * (j / 2)), x8 = x89 >> (8 * (j / 2));
+                        b[j][0] = j % 2 == 0 ? dq_lo<T>(x0, gc[j]) : dq_hi<T>(x0, gc[j]);
+                        b[j][1] = j % 2 == 0 ? dq_lo<T>(x8, gc[j]) : dq_hi<T>(x8, gc[j]);
+                    }
+                } else {
+                    b[0][0] = dq_lo<T>(f.x, gc[0]);
+                    b[0][1] = dq_hi<T>(f.x, gc[0]);
+                    b[1][0] = dq_lo<T>(f.x >> 8, gc[1]);
+                    b[1][1] = dq_hi<T>(f.x >> 8, gc[1]);
+                    b[2][0] = dq_lo<T>(f.y, gc[2]);
+                    b[2][1] = dq_hi<T>(f.y, gc[2]);
+                    b[3][0] = dq_lo<T>(f.y >> 8, gc[3]);
+                    b[3][1] = dq_hi<T>(f.y >> 8, gc[3]);
+                }
+            };
+            if constexpr (!WG) {
+                for (int s = 0; s < nk; s++, advance()) {
+                    const int kt = k0 + s;
+                    mbar_wait(&full[slot], phase);
+                    const unsigned char *st = smem + slot * STAGE;
+                    const int gs = (kt * BK) >> gshift;
+                    uint4 fr = fetch(st, 0);
+#pragma unroll
+                    for (int kk = 0; kk < BK / 16; kk++) {
+                        uint32_t b[4][2];
+                        dequant_step(st, kt, gs, kk, fr, b);
+                        const T *sA = reinterpret_cast<const T *>(st) + a_off[kk];
+                        auto load_a = [&](int mt, uint32_t(&fa)[4]) { ldmatrix_x4(fa, sA + mt * 16 * BK); };
+                        uint32_t fa[2][4];
+                        load_a(0, fa[0]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            if (mt + 1 < MT) load_a(mt + 1, fa[(mt + 1) & 1]);
+#pragma unroll
+                            for (int j = 0; j < 4; j++) D::mma(acc[mt][j], fa[mt & 1], b[j]);
+                        }
+                    }
+                    mbar_arrive(&empty[slot]);
+                }
+            } else {
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+                // wgmma (sm_90a): the product transposed as in gemm_sm90.cuh, channels the MMA's M dimension. The
+                // warp's four n8 blocks are its 16-row share of two m64 wgmmas (blocks 2ii and 2ii + 1: rows r and
+                // r + 8), the stage's activation tile (128-byte rows, chunks XOR-swizzled by row: the 128-byte
+                // swizzle, as TMA writes it) their B operand by descriptor. A stage (four k16 steps, eight wgmmas of
+                // the warpgroup) is a batch: its fragments are dequantised while the batch before runs on the other
+                // register buffer. (Half-stage batches measured the same: docs/PERFORMANCE.md v45.)
+                float(&wacc)[2][BM / 2] = reinterpret_cast<float(&)[2][BM / 2]>(acc);
+                uint32_t fa[2][4][8]; // [stage parity][k16 step][wgmma ii x 4 registers]
+#pragma unroll
+                for (int x = 0; x < 2; x++)
+#pragma unroll
+                    for (int y = 0; y < 4; y++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) fa[x][y][e] = 0;
+                // Batch order: issue a stage, wait until only it runs (wait_group 1), then dequantise the next stage
+                // into the other buffer while it does. Stages alternate buffers, so the loop takes them in pairs.
+                // (Dequantising before a wait_group 0 lets ptxas sink the arithmetic below the wait, out of the
+                // running batch's shadow.)
+                auto dequant_stage = [&](const unsigned char *st, int kt, uint32_t(&f)[4][8]) {
+                    const int gs = (kt * BK) >> gshift;
+                    uint4 fr = fetch(st, 0);
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        uint32_t b[4][2];
+                        dequant_step(st, kt, gs, kk, fr, b);
+#pragma unroll
+                        for (int ii = 0; ii < 2; ii++) {
+                            f[kk][4 * ii + 0] = b[2 * ii][0];
+                            f[kk][4 * ii + 1] = b[2 * ii + 1][0];
+                            f[kk][4 * ii + 2] = b[2 * ii][1];
+                            f[kk][4 * ii + 3] = b[2 * ii + 1][1];
+                        }
+                    }
+                };
+                // the stage's descriptor once; a k16 step is 32 bytes further, 2 in the descriptor's address field
+                // (which cannot carry out of its 14 bits inside the 228 KB window)
+                auto issue = [&](const unsigned char *st, uint32_t(&f)[4][8], int first) {
+                    const uint64_t desc = smem_desc_sw128(st);
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                        for (int ii = 0; ii < 2; ii++)
+                            wgmma_m64k16<T, BM>(wacc[ii], &f[kk][4 * ii], desc + 2 * kk, !(first && kk == 0));
+                    wgmma_commit();
+                };
+                const uint32_t full0 = smem_u32(&full[0]), empty0 = smem_u32(&empty[0]);
+                auto acquire = [&]() { // the next stage's slot has landed
+                    mbar_wait(full0 + 8 * slot, phase);
+                    if constexpr (!TMA)
+                        fence_proxy_async_smem(); // cp.async wrote it (generic proxy); wgmma reads
+                                                  // it (async proxy)
+                    return static_cast<const unsigned char *>(smem + slot * STAGE);
+                };
+                const unsigned char *st = acquire();
+                dequant_stage(st, k0, fa[0]);
+                int prev = 0;
+                // stage s from buffer X: issue it, retire stage s - 1 (its slot back to the producer), dequantise
+                // stage s + 1 into the other buffer
+                auto step = [&](auto xc, int s) {
+                    constexpr int X = decltype(xc)::value;
+                    issue(st, fa[X], s == 0);
+                    wgmma_wait<1>();
+                    fence_operands(fa[X ^ 1]);
+                    if (s > 0) mbar_arrive(empty0 + 8 * prev);
+                    prev = slot;
+                    advance();
+                    if (s + 1 < nk) {
+                        st = acquire();
+                        dequant_stage(st, k0 + s + 1, fa[X ^ 1]);
+                    }
+                };
+                for (int s = 0; s < nk; s += 2) {
+                    step(std::integral_constant<int, 0>(), s);
+                    if (s + 1 < nk) step(std::integral_constant<int, 1>(), s + 1);
+                }
+                wgmma_wait<0>();
+#pragma unroll
+                for (int ii = 0; ii < 2; ii++) fence_operands(wacc[ii]);
+                mbar_arrive(empty0 + 8 * prev);
+#else
+                __trap(); // never planned: wgmma exists only in the sm_90a image
+#endif
             }
 
             // ---- epilogue (math warps only: named barrier 2)
@@ -340,35 +538,54 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
             T *stg = reinterpret_cast<T *>(smem);
             const T *bias = p.bias ? static_cast<const T *>(p.bias) + n0 : nullptr;
             bar_sync(2, MATH_WARPS * 32);
+            if constexpr (WG) { // rows r + 8 hh of wgmma ii: channel column r of block j = 2 ii + hh; tokens 8c + 2q +
+                                // e
+                const float(&wacc)[2][BM / 2] = reinterpret_cast<const float(&)[2][BM / 2]>(acc);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int ii = 0; ii < 2; ii++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) { // rows r and r + 8 of the m16 tile
-                    T *srow = stg + (mt * 16 + r + 8 * hh) * SROW;
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int j = 2 * ii + hh;
+                        const int c = AWQ ? gq * 64 + 8 * r + awq_order(4 * h + j) : warp * 32 + 8 * j + r;
+                        const float bv = bias && n0 + c < N ? D::to_float(bias[c]) : 0.f;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        float x[2] = {acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]};
-                        if constexpr (AWQ) { // slot 2q + c2 of block 4h + j: column 16q + 8 c2 + ORDER[4h + j]
+                        for (int cc = 0; cc < BM / 8; cc++)
 #pragma unroll
-                            for (int c2 = 0; c2 < 2; c2++) {
-                                const int c = gq * 64 + 16 * q + 8 * c2 + awq_order(4 * h + j);
-                                if (bias && n0 + c < N) x[c2] += D::to_float(bias[c]);
-                                srow[c] = D::from_float(x[c2]);
+                            for (int e = 0; e < 2; e++)
+                                stg[(8 * cc + 2 * q + e) * SROW + c] =
+                                    D::from_float(wacc[ii][4 * cc + 2 * hh + e] + bv);
+                    }
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) { // rows r and r + 8 of the m16 tile
+                        T *srow = stg + (mt * 16 + r + 8 * hh) * SROW;
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float x[2] = {acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]};
+                            if constexpr (AWQ) { // slot 2q + c2 of block 4h + j: column 16q + 8 c2 + ORDER[4h + j]
+#pragma unroll
+                                for (int c2 = 0; c2 < 2; c2++) {
+                                    const int c = gq * 64 + 16 * q + 8 * c2 + awq_order(4 * h + j);
+                                    if (bias && n0 + c < N) x[c2] += D::to_float(bias[c]);
+                                    srow[c] = D::from_float(x[c2]);
+                                }
+                            } else { // columns 8j + 2q, + 1 of the warp's 32
+                                const int c = warp * 32 + 8 * j + 2 * q;
+                                if (bias && n0 + c < N) { // bias is only 4-byte aligned: column pairs
+                                    const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bias + c);
+                                    x[0] += D::to_float(bv.x);
+                                    x[1] += D::to_float(bv.y);
+                                }
+                                typename D::T2 v;
+                                v.x = D::from_float(x[0]);
+                                v.y = D::from_float(x[1]);
+                                *reinterpret_cast<uint32_t *>(srow + c) = as_u32(v);
                             }
-                        } else { // columns 8j + 2q, + 1 of the warp's 32
-                            const int c = warp * 32 + 8 * j + 2 * q;
-                            if (bias && n0 + c < N) { // bias is only 4-byte aligned: column pairs
-                                const typename D::T2 bv = *reinterpret_cast<const typename D::T2 *>(bias + c);
-                                x[0] += D::to_float(bv.x);
-                                x[1] += D::to_float(bv.y);
-                            }
-                            typename D::T2 v;
-                            v.x = D::from_float(x[0]);
-                            v.y = D::from_float(x[1]);
-                            *reinterpret_cast<uint32_t *>(srow + c) = as_u32(v);
                         }
                     }
-                }
+            }
             bar_sync(2, MATH_WARPS * 32);
             T *C = static_cast<T *>(p.C);
             constexpr int CPR = BN / 8;
@@ -383,20 +600,24 @@ __global__ void __launch_bounds__(THREADS, 1) ws_kernel(const w4a16_moe_launch p
 #endif
 }
 
-using KernelFn = void (*)(w4a16_moe_launch);
+using KernelFn = void (*)(w4a16_moe_launch, CUtensorMap, CUtensorMap);
 // A tile's warp rows in m16 tiles: 128 x 256 -> 8, ws-64 -> 4, ws-32 -> 2.
 constexpr int mt_of(int tile) { return w4a16_moe_tile_rows(tile) / 16; }
-template <int LAYOUT, int MT> KernelFn kernel_mt(const w4a16_moe_launch &a) {
-    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, MT> : ws_kernel<__nv_bfloat16, LAYOUT, MT>;
+template <int LAYOUT, int MT, bool WG> KernelFn kernel_mt(const w4a16_moe_launch &a) {
+    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, MT, WG> : ws_kernel<__nv_bfloat16, LAYOUT, MT, WG>;
 }
 template <int LAYOUT> KernelFn kernel_of_layout(const w4a16_moe_launch &a) {
-    switch (mt_of(a.tile)) {
-    case 2:
-        return kernel_mt<LAYOUT, 2>(a);
-    case 4:
-        return kernel_mt<LAYOUT, 4>(a);
+    switch (a.tile) {
+    case W4A16_MOE_TILE_WS32:
+        return kernel_mt<LAYOUT, 2, false>(a);
+    case W4A16_MOE_TILE_WS64:
+        return kernel_mt<LAYOUT, 4, false>(a);
+    case W4A16_MOE_TILE_WG64:
+        return kernel_mt<LAYOUT, 4, true>(a);
+    case W4A16_MOE_TILE_WG128:
+        return kernel_mt<LAYOUT, 8, true>(a);
     default:
-        return kernel_mt<LAYOUT, 8>(a);
+        return kernel_mt<LAYOUT, 8, false>(a);
     }
 }
 KernelFn kernel_of(const w4a16_moe_launch &a) {
@@ -404,11 +625,15 @@ KernelFn kernel_of(const w4a16_moe_launch &a) {
                                         : kernel_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
 template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
-    switch (mt_of(a.tile)) {
-    case 2:
+    switch (a.tile) {
+    case W4A16_MOE_TILE_WS32:
         return Tile<LAYOUT, 2>::smem(a.stages);
-    case 4:
+    case W4A16_MOE_TILE_WS64:
         return Tile<LAYOUT, 4>::smem(a.stages);
+    case W4A16_MOE_TILE_WG64:
+        return Tile<LAYOUT, 4, true>::smem(a.stages);
+    case W4A16_MOE_TILE_WG128:
+        return Tile<LAYOUT, 8, true>::smem(a.stages);
     default:
         return Tile<LAYOUT, 8>::smem(a.stages);
     }
@@ -418,14 +643,16 @@ int smem_of(const w4a16_moe_launch &a) {
 }
 template <int TILE> constexpr bool smem_formula_holds() {
     constexpr int MT = mt_of(TILE);
+    constexpr bool WG = w4a16_moe_tile_wgmma(TILE);
     for (int s = 2; s <= MAX_STAGES; s++)
-        if (Tile<W4A16_LAYOUT_MARLIN, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
-            Tile<W4A16_LAYOUT_AWQ, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
+        if (Tile<W4A16_LAYOUT_MARLIN, MT, WG>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
+            Tile<W4A16_LAYOUT_AWQ, MT, WG>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
             return false;
-    return Tile<W4A16_LAYOUT_MARLIN, MT>::BM == w4a16_moe_tile_rows(TILE);
+    return Tile<W4A16_LAYOUT_MARLIN, MT, WG>::BM == w4a16_moe_tile_rows(TILE);
 }
 static_assert(smem_formula_holds<W4A16_MOE_TILE_128>() && smem_formula_holds<W4A16_MOE_TILE_WS64>() &&
-                  smem_formula_holds<W4A16_MOE_TILE_WS32>(),
+                  smem_formula_holds<W4A16_MOE_TILE_WS32>() && smem_formula_holds<W4A16_MOE_TILE_WG128>() &&
+                  smem_formula_holds<W4A16_MOE_TILE_WG64>(),
               "moe_launch.h w4a16_moe_smem_bytes differs from the warp-specialised tiles' shared memory");
 
 } // namespace ws
@@ -443,7 +670,19 @@ extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem_of(*a);
     c.stream = static_cast<cudaStream_t>(a->stream);
-    return cudaLaunchKernelEx(&c, kernel_of(*a), *a);
+    // the wgmma form's tensor maps (by value in the kernel's parameters: nothing to free, graph-capturable): the
+    // activations in boxes of the tile's rows x 64 k, the AWQ weights in boxes of 64 k rows x 32 words (256 channels)
+    CUtensorMap amap = {}, bmap = {};
+    if (w4a16_moe_tile_wgmma(a->tile)) {
+        const int rows = w4a16_moe_tile_rows(a->tile);
+        cudaError_t e = a->dtype == 0 ? w4a16::make_tensor_map<__half>(&amap, a->A, a->M, a->K, a->K, rows)
+                                      : w4a16::make_tensor_map<__nv_bfloat16>(&amap, a->A, a->M, a->K, a->K, rows);
+        if (e == cudaSuccess && a->layout == W4A16_LAYOUT_AWQ)
+            e = w4a16::encode_tensor_map(&bmap, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, a->B, a->K, a->N / 8, a->N / 8,
+                                         BN / 8, BK);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaLaunchKernelEx(&c, kernel_of(*a), *a, amap, bmap);
 }
 
 extern "C" int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm) {
@@ -462,7 +701,8 @@ extern "C" int w4a16_probe_ws(void) {
 #endif
     cudaFuncAttributes attr;
     cudaError_t e = cudaSuccess;
-    for (int tile : {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64, W4A16_MOE_TILE_WS32})
+    for (int tile :
+         {W4A16_MOE_TILE_128, W4A16_MOE_TILE_WS64, W4A16_MOE_TILE_WS32, W4A16_MOE_TILE_WG128, W4A16_MOE_TILE_WG64})
         for (int layout = 0; layout < 2; layout++)
             for (int dtype = 0; dtype < 2 && e == cudaSuccess; dtype++) {
                 w4a16_moe_launch a = {};

@@ -25,7 +25,13 @@ static cublasHandle_t blas;
 static void *workspace;
 static size_t workspace_bytes;
 static int sm_count;
-static int ws_device;     /* the GPU loads the rows-128 tile's image (compute capability 9.0, 12.0, 12.1) */
+static int ws_device; /* the GPU loads the rows-128 tile's image (compute capability 9.0, 12.0, 12.1) */
+/* Whether this GPU's own profile plans the wgmma form of the warp-specialised tiles (Hopper from M = 65). */
+static int wgws_device(void) {
+    w4a16_gemm_plan_info pi;
+    if (w4a16_gemm_plan(1, 128, 4096, 4096, 128, W4A16_FP16, workspace_bytes, &pi) != W4A16_OK) return 0;
+    return strncmp(pi.kernel, "wgmma-ws-", 9) == 0;
+}
 static int staged_device; /* compute capability 9.0 under the sm90 profile: large-M AWQ GEMMs can run staged */
 static void *ws_other;    /* use_ws == 2 in check_gemm: this workspace instead (test_awq_staged) */
 static size_t ws_other_bytes;
@@ -197,13 +203,13 @@ static void test_staged(void **state) {
     const struct {
         int K, N, M, slab, gptq;
     } cases[] = {
-        {4096, 4096, 2100, 0, 0},    /* one slab, 9 x 32 tiles */
-        {2080, 5632, 2048, 0, 0},    /* K % 64 = 32 (AWQ only), 8 x 44 tiles */
+        {4096, 4096, 4100, 0, 0},    /* one slab, 17 x 32 tiles */
+        {2080, 5632, 4096, 0, 0},    /* K % 64 = 32 (AWQ only), 16 x 44 tiles */
         {2048, 5632, 4096, 2048, 0}, /* slabs of 2048, 2048, 1536 channels */
-        {1024, 8192, 2500, 1792,
-         0},                      /* M not a multiple of 256 (10 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
+        {1024, 8192, 4500, 1792,
+         0},                      /* M not a multiple of 256 (18 tiles), slabs of 1792 (14 tiles) and a last of 1024 */
         {3072, 2048, 4096, 0, 1}, /* GPTQ (Marlin path, uint4b8) */
-        {1024, 4160, 1100, 0, 0}, /* N % 128 = 64: the last tile's second warpgroup stores nothing (TMA clips) */
+        {1024, 4160, 4100, 0, 0}, /* N % 128 = 64: the last tile's second warpgroup stores nothing (TMA clips) */
     };
     const int gs[] = {32, 128, -1};
     stats st = {0};
@@ -251,7 +257,7 @@ static void test_staged(void **state) {
 static void test_selfref_staged_vs_fused(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const int M = 2100, K = 1024, N = 4096;
+    const int M = 4100, K = 1024, N = 4096;
     const w4a16_dtype dt = W4A16_BF16;
     gpu_layer L;
     gpu_layer_make(&L, K, N, 64, dt, 0, 1, &seed);
@@ -796,7 +802,7 @@ static void test_selfref_ws_tiles(void **state) {
         {"rows-32n", 0, 24, 64 * (sm_count + 1), 1024},
     };
     const char *profiles[] = {"sm120", NULL};
-    int ran[5] = {0}; /* ws-32, ws-64, rows-128, rows-32, rows-32n */
+    int ran[6] = {0}; /* ws-32, ws-64, rows-128, rows-32, rows-32n; the wgmma form (Hopper's own profile) */
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
@@ -821,6 +827,7 @@ static void test_selfref_ws_tiles(void **state) {
                              * another */
                             const int checked =
                                 strncmp(pi.kernel, "ws-", 3) == 0 || strcmp(pi.kernel, "rows-128") == 0 ||
+                                strncmp(pi.kernel, "wgmma-ws-", 9) == 0 ||
                                 (strncmp(pi.kernel, "rows-32", 7) == 0 && strcmp(shapes[sh].kernel, pi.kernel) == 0);
                             if (pr == 0 && (path == PATH_MARLIN || checked) &&
                                 (strcmp(pi.kernel, shapes[sh].kernel) != 0 ||
@@ -849,11 +856,12 @@ static void test_selfref_ws_tiles(void **state) {
                                    profiles[pr] ? profiles[pr] : "own", sqrt(num / den));
                             if (!(sqrt(num / den) < tolerance(dt))) fail_msg("%s: too far from sm86's plan", pi.kernel);
                             if (memcmp(h1, h2, nC * 2) != 0) fail_msg("%s: two runs differ", pi.kernel);
-                            ran[strcmp(pi.kernel, "ws-32") == 0      ? 0
-                                : strcmp(pi.kernel, "ws-64") == 0    ? 1
-                                : strcmp(pi.kernel, "rows-32") == 0  ? 3
-                                : strcmp(pi.kernel, "rows-32n") == 0 ? 4
-                                                                     : 2]++;
+                            ran[strcmp(pi.kernel, "ws-32") == 0           ? 0
+                                : strcmp(pi.kernel, "ws-64") == 0         ? 1
+                                : strcmp(pi.kernel, "rows-32") == 0       ? 3
+                                : strcmp(pi.kernel, "rows-32n") == 0      ? 4
+                                : strncmp(pi.kernel, "wgmma-ws-", 9) == 0 ? 5
+                                                                          : 2]++;
                         }
                     }
                 }
@@ -867,26 +875,65 @@ static void test_selfref_ws_tiles(void **state) {
             gpu_layer_free(&L);
         }
     }
-    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d, rows-32n %d\n", ran[0], ran[1], ran[2],
-           ran[3], ran[4]);
+    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d, rows-32n %d, wgmma-ws %d\n", ran[0], ran[1],
+           ran[2], ran[3], ran[4], ran[5]);
     for (int i = 0; i < 5; i++)
         if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32, rows-32n: %d)", i);
+    if (wgws_device() && ran[5] == 0) fail_msg("the wgmma form never ran under this GPU's own profile");
+}
+
+/* The wgmma form of the warp-specialised tiles (wgmma-ws-128 / wgmma-ws-64, kernels/tile_ws.cu: Hopper's own profile
+ * from M = 65) against cuBLAS, outputs poisoned: the plan names the tile (and whether it shares k-tiles), then every
+ * G (G = 128 as GPTQ without zero points, Marlin only), both dtypes, both layouts, bias on alternate calls. Whole tiles
+ * of one wave; stream-K within a tile, with a partial row tile (M = 200) and a partial channel tile (N = 256 t + 64);
+ * stream-K across tiles with partial tiles (M = 300, N = 256 t + 192); the 64-row form where the 128-row one cannot
+ * give each stream-K block 16 k-tiles (M = 100 on 8 channel tiles). */
+static void test_wgws_tiles(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (!wgws_device()) {
+        printf("  skipped: this GPU's own profile plans no wgmma-ws tile (compute capability 9.0 only)\n");
+        skip();
+    }
+    const struct {
+        const char *kernel;
+        int sk, M, N, K;
+    } shapes[] = {
+        {"wgmma-ws-128", 0, 128, 256 * sm_count, 512},
+        {"wgmma-ws-128", 1, 200, 256 * (sm_count / 4) + 64, 4096},
+        {"wgmma-ws-128", 1, 300, 256 * (sm_count / 2) + 192, 2048},
+        {"wgmma-ws-64", 1, 100, 2048, 8192},
+    };
+    stats st = {0};
+    for (int sh = 0; sh < 4; sh++) {
+        const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
+        for (int marlin = 0; marlin < 2; marlin++) {
+            w4a16_gemm_plan_info pi;
+            W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
+            printf("  M=%d N=%d K=%d: %s\n", M, N, K, pi.text);
+            if (strcmp(pi.kernel, shapes[sh].kernel) != 0 || (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk)
+                fail_msg("M=%d N=%d K=%d: expected %s%s, planned %s", M, N, K, shapes[sh].kernel,
+                         shapes[sh].sk ? " with stream-K" : " in whole tiles", pi.text);
+        }
+        check_all_groups(M, N, K, quick ? (sh % 2 ? 0xA5u : 0x5Au) : 0u, 0, &st);
+    }
+    stats_print("wgmma-ws tiles", &st);
 }
 
 /* Shapes where the Hopper profile's wgmma tiles take no K split and leave the last wave of one block per SM part empty,
- * enough so that it plans stream-K over the SMs (csrc/plan.c wgmma_plan): the 256-token tile at M = 200 on 0.55 SMs of
- * channel tiles (one partial wave, more than half: no K split; 56 padding rows), at M = 300 on 2 x (0.6 SMs + a half
- * tile) (1.2 waves, the last row and channel tiles partial), at M = 500 on 2 x 1.2 SMs (2.4 waves: 1.4 shared, then
- * whole tiles); the 128-token tile at M = 100 on 0.6 SMs; a K tail (K = 4128: the last 64-k stage half past K, G = 32
- * and per-channel). Quick runs (make sanitize) take the first two with shorter K. */
+ * enough so that it plans stream-K over the SMs (csrc/plan.c wgmma_plan). From M = 65 the wgmma-ws tiles take every
+ * shape whose K is a multiple of 64 (plan_wgws), so these are AWQ K tails (K % 64 = 32, the last 64-k stage half past
+ * K, G = 32 and per-channel), where the wgmma kernel still runs: the 256-token tile at M = 200 on 0.55 SMs of channel
+ * tiles (one partial wave, more than half: no K split; 56 padding rows), at M = 300 on 2 x (0.6 SMs + a half tile)
+ * (1.2 waves, the last row and channel tiles partial), at M = 500 on 2 x 1.2 SMs (2.4 waves: 1.4 shared, then whole
+ * tiles); the 128-token tile at M = 100 on 0.6 SMs. Quick runs (make sanitize) take the first two with shorter K. */
 static const struct {
     int M, width, pct, extra; /* N = width x (pct% of the SMs) + extra: the channel tiles the shape names */
     int K, K_quick;
-} wgmma_sk_shapes[] = {{200, 128, 55, 0, 8192, 4096},
-                       {300, 128, 60, 64, 4096, 3072},
-                       {500, 128, 120, 0, 4096, 0},
-                       {100, 256, 60, 0, 8192, 0},
-                       {300, 128, 60, 64, 4128, 0}};
+} wgmma_sk_shapes[] = {{200, 128, 55, 0, 8224, 4128},
+                       {300, 128, 60, 64, 4128, 3104},
+                       {500, 128, 120, 0, 4128, 0},
+                       {100, 256, 60, 0, 8224, 0}};
 /* Shape sh on this GPU (K 0: not run in this mode). */
 static void wgmma_sk_shape(int sh, int *M, int *N, int *K) {
     *M = wgmma_sk_shapes[sh].M;
@@ -920,7 +967,7 @@ static int wgmma_sk_planned(int sh) {
 /* The wgmma stream-K tests skip, saying why, where no shape ran. */
 static void wgmma_sk_skip_if_none(int ran) {
     if (ran == 0) {
-        printf("  skipped: this GPU's profile runs no wgmma tile (Hopper only)\n");
+        printf("  skipped: no shape planned the wgmma kernel with stream-K (Hopper's own profile only)\n");
         skip();
     }
 }
@@ -1602,6 +1649,7 @@ int main(void) {
         cmocka_unit_test(test_rows16_tiles),
         cmocka_unit_test(test_rows32n_tiles),
         cmocka_unit_test(test_selfref_ws_tiles),
+        cmocka_unit_test(test_wgws_tiles),
         cmocka_unit_test(test_wgmma_stream_k),
         cmocka_unit_test(test_selfref_wgmma_stream_k),
         cmocka_unit_test(test_plan_occupancy),

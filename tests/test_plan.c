@@ -63,9 +63,10 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
     w4a16_plan pl;
     char what[160];
     w4a16_status s = w4a16_plan_gemm(st, layout, dt, M, N, K, ws_bytes(ws, st->sm_count, N, K), "test_plan", &pl);
-    static const char *const kinds[] = {"decode8", "decode16", "mma",  "wgmma",  "staged",  "rows64", "rows32",
-                                        "rows128", "ws64",     "ws32", "rows16", "rows16w", "rows32n"};
-    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_ROWS32N + 1, "a name for every kernel kind");
+    static const char *const kinds[] = {"decode8", "decode16", "mma",     "wgmma",   "staged",
+                                        "rows64",  "rows32",   "rows128", "ws64",    "ws32",
+                                        "rows16",  "rows16w",  "rows32n", "wgws128", "wgws64"};
+    _Static_assert(sizeof kinds / sizeof kinds[0] == W4A16_KERNEL_WGWS64 + 1, "a name for every kernel kind");
     if (s != W4A16_OK)
         snprintf(what, sizeof what, "%s", w4a16_status_string(s));
     else if (pl.kind == W4A16_KERNEL_STAGED)
@@ -379,7 +380,10 @@ static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, in
     const w4a16_profile *p = st->profile;
     const int tile = w4a16_kernel_moe_tile(pl->kind), rows = w4a16_moe_tile_rows(tile);
     assert_true(st->ws && p->rows128_min_m > 0 && K % 64 == 0);
-    assert_false(st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m);
+    if (w4a16_moe_tile_wgmma(tile)) /* the wgmma form: Hopper from wgws_min_m, N in whole 16-byte zero-point rows */
+        assert_true(st->wgmma && p->wgws_min_m > 0 && M >= p->wgws_min_m && N % 32 == 0);
+    else
+        assert_false(st->wgmma && p->wgmma_min_m > 0 && M >= p->wgmma_min_m);
     if (rows == 32) assert_true(p->ws32_min_kt > 0 && M > p->small_max_m && M <= p->mid32_max_m);
     if (rows == 64) assert_true(p->ws64_sk_min_kt > 0 && M > p->mid32_max_m);
     if (rows == 128) assert_true(M >= p->rows128_min_m);
@@ -856,6 +860,7 @@ static void test_moe_stages(void **state) {
             for (int tile = 0; tile < W4A16_MOE_TILES; tile++) {
                 const int stages = w4a16_moe_stages(&st, tile, layout);
                 const int smem = w4a16_moe_smem_bytes(tile, layout, stages);
+                if (w4a16_moe_tile_wgmma(tile) && !st.wgmma) continue; /* never planned there */
                 if (w4a16_moe_tile_ws(tile)) { /* the warp-specialised tiles: one block per SM, within its memory */
                     assert_true((size_t)smem <= st.smem_optin);
                     continue;
