@@ -98,8 +98,8 @@ static const w4a16_profile sm89 = {
  * 32 x 256 tile or decode tiles on narrow layers: 0.72-1.06x the 64-token wgmma tile's time there before ws-32,
  * docs/PERFORMANCE.md v30, v36, v41); from M = 33 the
  * sm_90a wgmma kernel (up to 256 tokens the 64-token tile where the 256-token one's blocks would get at most 24
- * k-tiles: v31), from M = 65 the wgmma form of the warp-specialised tiles (v45), from M = 4096 the staged path when
- * the workspace holds a slab. */
+ * k-tiles: v31), from M = 33 the wgmma form of the warp-specialised tiles where it has a plan (v45), from M = 4096
+ * the staged path when the workspace holds a slab. */
 static const w4a16_profile sm90 = {
     .name = "sm90",
     .arch = 90,
@@ -122,7 +122,7 @@ static const w4a16_profile sm90 = {
     .wgmma_sk_act_l2_bytes = 25u << 20, /* half the H100's and H200's L2 */
     .staged_min_m = 4096, /* below it the wgmma-ws tiles took 0.80-0.87x the staged path's time at M = 1024; at 4096
                              the staged path 0.93-1.00x theirs (docs/PERFORMANCE.md v45) */
-    .wgws_min_m = 65,
+    .wgws_min_m = 33,
 };
 static const w4a16_profile sm100 = {
     .name = "sm100",

@@ -26,10 +26,10 @@ static void *workspace;
 static size_t workspace_bytes;
 static int sm_count;
 static int ws_device; /* the GPU loads the rows-128 tile's image (compute capability 9.0, 12.0, 12.1) */
-/* Whether this GPU's own profile plans the wgmma form of the warp-specialised tiles (Hopper from M = 65). */
+/* Whether this GPU's own profile plans the wgmma form of the warp-specialised tiles (Hopper from M = 33). */
 static int wgws_device(void) {
     w4a16_gemm_plan_info pi;
-    if (w4a16_gemm_plan(1, 128, 4096, 4096, 128, W4A16_FP16, workspace_bytes, &pi) != W4A16_OK) return 0;
+    if (w4a16_gemm_plan(1, 128, 8192, 8192, 128, W4A16_FP16, workspace_bytes, &pi) != W4A16_OK) return 0;
     return strncmp(pi.kernel, "wgmma-ws-", 9) == 0;
 }
 static int staged_device; /* compute capability 9.0 under the sm90 profile: large-M AWQ GEMMs can run staged */
@@ -883,11 +883,11 @@ static void test_selfref_ws_tiles(void **state) {
 }
 
 /* The wgmma form of the warp-specialised tiles (wgmma-ws-128 / wgmma-ws-64, kernels/tile_ws.cu: Hopper's own profile
- * from M = 65) against cuBLAS, outputs poisoned: the plan names the tile (and whether it shares k-tiles), then every
+ * from M = 33) against cuBLAS, outputs poisoned: the plan names the tile (and whether it shares k-tiles), then every
  * G (G = 128 as GPTQ without zero points, Marlin only), both dtypes, both layouts, bias on alternate calls. Whole tiles
  * of one wave; stream-K within a tile, with a partial row tile (M = 200) and a partial channel tile (N = 256 t + 64);
  * stream-K across tiles with partial tiles (M = 300, N = 256 t + 192); the 64-row form where the 128-row one cannot
- * give each stream-K block 16 k-tiles (M = 100 on 8 channel tiles). */
+ * give each stream-K block 16 k-tiles (M = 100 on 16 channel tiles), and at M = 48. */
 static void test_wgws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -902,10 +902,11 @@ static void test_wgws_tiles(void **state) {
         {"wgmma-ws-128", 0, 128, 256 * sm_count, 512},
         {"wgmma-ws-128", 1, 200, 256 * (sm_count / 4) + 64, 4096},
         {"wgmma-ws-128", 1, 300, 256 * (sm_count / 2) + 192, 2048},
-        {"wgmma-ws-64", 1, 100, 2048, 8192},
+        {"wgmma-ws-64", 1, 100, 4096, 8192},
+        {"wgmma-ws-64", 1, 48, 256 * (sm_count / 4), 8192},
     };
     stats st = {0};
-    for (int sh = 0; sh < 4; sh++) {
+    for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         for (int marlin = 0; marlin < 2; marlin++) {
             w4a16_gemm_plan_info pi;

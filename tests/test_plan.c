@@ -401,7 +401,9 @@ static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, in
         assert_true(t * 100 >= (t + slots - 1) / slots * slots * p->rows128_min_wave_fill);
         return;
     }
-    const int min_kt = rows == 128 ? p->rows64_sk_min_kt : rows == 64 ? p->ws64_sk_min_kt : p->ws32_min_kt;
+    const int min_kt = rows == 128 || w4a16_moe_tile_wgmma(tile) ? p->rows64_sk_min_kt
+                       : rows == 64                              ? p->ws64_sk_min_kt
+                                                                 : p->ws32_min_kt;
     check_sk_plan(st, pl, t, slots, rows, 256, min_kt, N, K, ws);
 }
 
