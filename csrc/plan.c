@@ -252,7 +252,7 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
  * their waves, else stream-K blocks of at least rows64_sk_min_kt k-tiles (where blocks would get fewer, on narrow
  * layers of short K, the wgmma kernel's two blocks per SM with K splits stay: the 64-row form with 8-12 k-tiles per
  * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). N a multiple of 32: the copies move whole 16-byte
- * rows of the scales and zero points. Under the native profile on the H100: 0.80-0.85x the wgmma kernel's time at M
+ * rows of the scales and zero points. Under the native profile on the H100: 0.78-0.85x the wgmma kernel's time at M
  * 128-4096 over the benchmark's layers, 0.69-0.97x at M 40-64 on the six layers it takes there (docs/PERFORMANCE.md
  * v45). */
 static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,

@@ -120,8 +120,8 @@ static const w4a16_profile sm90 = {
     .wgmma_t64_max_kt = 24,
     .wgmma_sk_overhead_kt = 22,
     .wgmma_sk_act_l2_bytes = 25u << 20, /* half the H100's and H200's L2 */
-    .staged_min_m = 4096, /* below it the wgmma-ws tiles took 0.80-0.87x the staged path's time at M = 1024; at 4096
-                             the staged path 0.93-1.00x theirs (docs/PERFORMANCE.md v45) */
+    .staged_min_m = 4096, /* below it the wgmma-ws tiles took 0.76-0.88x the staged path's time at M = 1024; at 4096
+                             the staged path 0.93-1.04x theirs (docs/PERFORMANCE.md v45) */
     .wgws_min_m = 33,
 };
 static const w4a16_profile sm100 = {
