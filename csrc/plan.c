@@ -251,10 +251,10 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
  * TMA), else or where it has no plan its 64-row form; whole tiles where they fill rows128_min_wave_fill percent of
  * their waves, else stream-K blocks of at least rows64_sk_min_kt k-tiles (where blocks would get fewer, on narrow
  * layers of short K, the wgmma kernel's two blocks per SM with K splits stay: the 64-row form with 8-12 k-tiles per
- * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). N a multiple of 32: the copies move whole 16-byte
- * rows of the scales and zero points. Under the native profile on the H100: 0.78-0.85x the wgmma kernel's time at M
- * 128-4096 over the benchmark's layers, 0.69-0.97x at M 40-64 on the six layers it takes there (docs/PERFORMANCE.md
- * v45). */
+ * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). N % 32 is what the kernel's copies need (whole
+ * 16-byte zero-point rows); the API already holds N to multiples of 64, so it only guards direct callers of the plan.
+ * Under the native profile on the H100: 0.78-0.85x the wgmma kernel's time at M 128-4096 over the benchmark's layers,
+ * 0.69-0.97x at M 40-64 on the six layers it takes there (docs/PERFORMANCE.md v45). */
 static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                      w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;

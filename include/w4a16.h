@@ -143,7 +143,7 @@ W4A16_API const char *const *w4a16_profile_names(void);
  * A workspace must not be used by two calls that run concurrently (use one per stream). */
 W4A16_API w4a16_status w4a16_workspace_size(size_t *bytes);
 
-/* Staged large-M GEMMs (compute capability 9.0): with at least `staged_min_m` tokens (1024 in the sm90 profile;
+/* Staged large-M GEMMs (compute capability 9.0): with at least `staged_min_m` tokens (4096 in the sm90 profile;
  * w4a16-doctor prints it) w4a16_awq_gemm and w4a16_marlin_gemm can dequantise the weights into the workspace, a slab
  * of channels at a time, and multiply each slab with a dense tensor-core GEMM (TMA + wgmma), which is faster there
  * than dequantising inside the GEMM (vLLM's AWQ path does the same with cuBLAS from 256 tokens on). It runs when the

@@ -15,7 +15,7 @@
 //   A fragments). setmaxnreg moves them: producer 40, math 232. setmaxnreg exists only in the architecture-specific
 //   targets (sm_90a, sm_120a, sm_121a), so this file is built for those alone and the host plans the tile only where
 //   w4a16_probe_ws finds the image (csrc/device.c).
-// The wgmma form (sm_90a: "wgmma-ws-128", "wgmma-ws-64"; the Hopper profile's plans from M = 65) keeps the block, the
+// The wgmma form (sm_90a: "wgmma-ws-128", "wgmma-ws-64"; the Hopper profile's plans from M = 33) keeps the block, the
 // work split and the epilogue, and changes what the roles do:
 // - one producer thread fills a stage: the activations by TMA (a tensor map built per launch, 128-byte swizzle), the
 //   AWQ weights by TMA too, the Marlin weight rows and the scale and zero-point rows by bulk copies, all completing on
@@ -50,7 +50,8 @@ constexpr int MAX_STAGES = 8;
 
 // A stage: the activation tile (BM rows of BK k, 16-byte chunks XOR-swizzled by row for ldmatrix), the packed
 // weights (Marlin: BK / 16 rows of 2 BN words; AWQ: BK rows of BN / 8 words, padded by 4 so that a fragment's four
-// row loads hit distinct banks), two scale rows and two zero-point rows (G = 32 puts two groups in a stage).
+// row loads hit distinct banks; the wgmma form's TMA writes them unpadded, 128-byte rows in the 128-byte swizzle),
+// two scale rows and two zero-point rows (G = 32 puts two groups in a stage).
 template <int LAYOUT, int MT, bool WG = false> struct Tile {
     static constexpr int BM = 16 * MT, SB = BN / 8 + 4;
     static constexpr int A_BYTES = BM * BK * 2;
@@ -473,11 +474,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     wgmma_commit();
                 };
                 const uint32_t full0 = smem_u32(&full[0]), empty0 = smem_u32(&empty[0]);
-                auto acquire = [&]() { // the next stage's slot has landed
+                auto acquire = [&]() { // the next stage's slot has landed (TMA: the async proxy wrote it)
                     mbar_wait(full0 + 8 * slot, phase);
-                    if constexpr (!TMA)
-                        fence_proxy_async_smem(); // cp.async wrote it (generic proxy); wgmma reads
-                                                  // it (async proxy)
                     return static_cast<const unsigned char *>(smem + slot * STAGE);
                 };
                 const unsigned char *st = acquire();

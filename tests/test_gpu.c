@@ -887,7 +887,7 @@ static void test_selfref_ws_tiles(void **state) {
  * G (G = 128 as GPTQ without zero points, Marlin only), both dtypes, both layouts, bias on alternate calls. Whole tiles
  * of one wave; stream-K within a tile, with a partial row tile (M = 200) and a partial channel tile (N = 256 t + 64);
  * stream-K across tiles with partial tiles (M = 300, N = 256 t + 192); the 64-row form where the 128-row one cannot
- * give each stream-K block 16 k-tiles (M = 100 on 16 channel tiles), and at M = 48. */
+ * give each stream-K block 16 k-tiles (M = 100 on (SMs - 1) / 8 channel tiles: 16 on an H100 SXM), and at M = 48. */
 static void test_wgws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -902,7 +902,7 @@ static void test_wgws_tiles(void **state) {
         {"wgmma-ws-128", 0, 128, 256 * sm_count, 512},
         {"wgmma-ws-128", 1, 200, 256 * (sm_count / 4) + 64, 4096},
         {"wgmma-ws-128", 1, 300, 256 * (sm_count / 2) + 192, 2048},
-        {"wgmma-ws-64", 1, 100, 4096, 8192},
+        {"wgmma-ws-64", 1, 100, 256 * ((sm_count - 1) / 8), 8192},
         {"wgmma-ws-64", 1, 48, 256 * (sm_count / 4), 8192},
     };
     stats st = {0};
@@ -922,8 +922,8 @@ static void test_wgws_tiles(void **state) {
 }
 
 /* Shapes where the Hopper profile's wgmma tiles take no K split and leave the last wave of one block per SM part empty,
- * enough so that it plans stream-K over the SMs (csrc/plan.c wgmma_plan). From M = 65 the wgmma-ws tiles take every
- * shape whose K is a multiple of 64 (plan_wgws), so these are AWQ K tails (K % 64 = 32, the last 64-k stage half past
+ * enough so that it plans stream-K over the SMs (csrc/plan.c wgmma_plan). The wgmma-ws tiles take such shapes wherever
+ * K is a multiple of 64 (plan_wgws), so these are AWQ K tails (K % 64 = 32, the last 64-k stage half past
  * K, G = 32 and per-channel), where the wgmma kernel still runs: the 256-token tile at M = 200 on 0.55 SMs of channel
  * tiles (one partial wave, more than half: no K split; 56 padding rows), at M = 300 on 2 x (0.6 SMs + a half tile)
  * (1.2 waves, the last row and channel tiles partial), at M = 500 on 2 x 1.2 SMs (2.4 waves: 1.4 shared, then whole
