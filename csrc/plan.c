@@ -5,7 +5,6 @@
 #include "../kernels/moe_launch.h"
 #include "internal.h"
 #include <stdio.h>
-#include <stdlib.h>
 
 enum { MAX_SPLITS = 16 };
 

@@ -74,53 +74,27 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
 // Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
-                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-                 "r"(parity)
-                 : "memory");
-#else
-    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.test_wait.parity.shared.b64 p, [%0], %1;\n"
-                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-// The same on a shared-window address computed once (the generic-to-shared conversion costs a few uniform
-// instructions per use).
+// Waits until the barrier's phase of this parity has completed (bar: its shared-window address, which the wgmma form
+// keeps in a register: the generic-to-shared conversion costs a few uniform instructions per use).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
                  " @!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
                  "r"(parity)
                  : "memory");
+#else
+    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.test_wait.parity.shared.b64 p, [%0], %1;\n"
+                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+#endif
 }
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     uint64_t state __attribute__((unused));
     asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_expect_tx_u32(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// A 2-D TMA box (coordinates c0 along K, c1 along rows) into shared memory, completing `bytes` on the mbarrier.
-__device__ __forceinline__ void tma_load_2d_u32(void *dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-            "r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
-// A contiguous bulk copy (16-byte aligned, a multiple of 16 bytes) into shared memory, completing on the mbarrier.
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    uint64_t state __attribute__((unused));
-    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
-}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive(smem_u32(bar)); }
 // One arrival on the barrier once this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -148,10 +122,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #else
     using D = Dtype<T>;
     using TL = Tile<LAYOUT, MT, WG>;
-    // The wgmma form: one producer thread fills a stage by TMA (the activations through `amap`; the AWQ weights through
-    // `bmap`, 128-byte rows in the 128-byte swizzle) and bulk copies (the Marlin weight rows, the scale and zero-point
-    // rows), no per-thread copies.
-    constexpr bool TMA = WG;
     constexpr bool AWQ = LAYOUT == W4A16_LAYOUT_AWQ;
     constexpr int SB = TL::SB;
     constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
@@ -168,8 +138,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
     if (tid == 0) {
         for (int s = 0; s < stages; s++) {
-            mbar_init(&full[s], TMA ? 1 : PRODUCERS); // every producer thread, once its copies land (TMA: bytes)
-            mbar_init(&empty[s], MATH_WARPS * 32);    // every math thread once done reading the stage
+            mbar_init(&full[s], WG ? 1 : PRODUCERS); // every producer thread, once its copies land (WG: by bytes)
+            mbar_init(&empty[s], MATH_WARPS * 32);   // every math thread once done reading the stage
         }
         mbar_init(&seg_done, MATH_WARPS * 32); // every math thread once a segment's epilogue is done
     }
@@ -204,7 +174,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             phase ^= 1;
         }
     };
-    if (warp >= MATH_WARPS && TMA) {
+    if (warp >= MATH_WARPS && WG) {
+        // the wgmma form: one thread fills a stage by TMA (the activations through `amap`; the AWQ weights
+        // through `bmap`, 128-byte rows in the 128-byte swizzle) and bulk copies (the Marlin weight rows, the scale
+        // and zero-point rows), no per-thread copies
         setmaxnreg_dec<PRODUCER_REGS>();
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if (tid != MATH_WARPS * 32) return; // one thread issues every copy
@@ -225,10 +198,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
                 unsigned char *st = smem + slot * STAGE;
                 const uint32_t bar = full0 + 8 * slot;
-                mbar_expect_tx_u32(bar, bytes);
-                tma_load_2d_u32(st, &amap, kt * BK, m0, bar); // rows past M are zero-filled (and counted)
+                mbar_expect_tx(bar, bytes);
+                tma_load_2d(st, &amap, kt * BK, m0, bar); // rows past M are zero-filled (and counted)
                 if constexpr (AWQ)
-                    tma_load_2d_u32(st + A_BYTES, &bmap, n0 / 8, kt * BK, bar);
+                    tma_load_2d(st + A_BYTES, &bmap, n0 / 8, kt * BK, bar);
                 else
 #pragma unroll
                     for (int i = 0; i < BK / 16; i++)
@@ -326,7 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int f_o1 = A_BYTES + (2 * q + 1) * 128 + ((((w_awq >> 2) ^ (2 * q + 1)) << 4) | ((w_awq & 3) << 2));
             auto fetch = [&](const unsigned char *st, int kk) {
                 uint4 f;
-                if constexpr (AWQ && TMA) {
+                if constexpr (AWQ && WG) {
                     const unsigned char *b = st + kk * 16 * 128;
                     f = make_uint4(*reinterpret_cast<const uint32_t *>(b + f_o0),
                                    *reinterpret_cast<const uint32_t *>(b + f_o1),

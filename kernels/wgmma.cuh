@@ -155,11 +155,12 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
         "mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
         : "memory");
 }
+// (bar: the barrier's shared-window address, for a caller that keeps it in a register across a pipeline)
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                     static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-                 "r"(bytes)
-                 : "memory");
+    mbar_expect_tx(static_cast<uint32_t>(__cvta_generic_to_shared(bar)), bytes);
 }
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
     asm volatile("{\n.reg .pred done;\nwait_%=:\n"
@@ -192,13 +193,24 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
+// A 2-D box of the tensor map at coordinates (c0 along the contiguous dimension, c1 along rows) into shared memory,
+// completing its bytes on the mbarrier (OOB elements zero-filled and counted).
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
             "r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1),
-        "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
+    tma_load_2d(dst, map, c0, c1, static_cast<uint32_t>(__cvta_generic_to_shared(bar)));
+}
+// A contiguous bulk copy (16-byte aligned, a multiple of 16 bytes) into shared memory, completing on the mbarrier.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 } // namespace w4a16
