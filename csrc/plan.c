@@ -222,12 +222,14 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
 
 /* A warp-specialised tile (one block per SM) into *pl: whole where its tiles fill rows128_min_wave_fill percent of
  * their waves, else stream-K blocks of at least min_kt k-tiles (none where min_kt is 0); *pl unchanged where it has no
- * plan. */
+ * plan. K % 64 and N % 32 are what its copies need (whole k-tiles; whole 16-byte zero-point rows); the API already
+ * holds N to multiples of 64, so the latter only guards direct callers of the plan. */
 static int plan_ws(const w4a16_device_state *st, int layout, int tile, int min_kt, int M, int N, int K,
                    size_t workspace_bytes, w4a16_plan *pl) {
     w4a16_plan c = *pl;
     int whole;
-    if (!plan_tile_sk(st, layout, tile, 1, st->profile->rows128_min_wave_fill, min_kt, M, N, K, workspace_bytes, &c,
+    if (K % 64 || N % 32 ||
+        !plan_tile_sk(st, layout, tile, 1, st->profile->rows128_min_wave_fill, min_kt, M, N, K, workspace_bytes, &c,
                       &whole))
         return 0;
     *pl = c;
@@ -250,14 +252,13 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
  * TMA), else or where it has no plan its 64-row form; whole tiles where they fill rows128_min_wave_fill percent of
  * their waves, else stream-K blocks of at least rows64_sk_min_kt k-tiles (where blocks would get fewer, on narrow
  * layers of short K, the wgmma kernel's two blocks per SM with K splits stay: the 64-row form with 8-12 k-tiles per
- * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). N % 32 is what the kernel's copies need (whole
- * 16-byte zero-point rows); the API already holds N to multiples of 64, so it only guards direct callers of the plan.
- * Under the native profile on the H100: 0.78-0.85x the wgmma kernel's time at M 128-4096 over the benchmark's layers,
- * 0.69-0.97x at M 40-64 on the six layers it takes there (docs/PERFORMANCE.md v45). */
+ * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). Under the native profile on the H100: 0.78-0.85x
+ * the wgmma kernel's time at M 128-4096 over the benchmark's layers, 0.69-0.97x at M 40-64 on the six layers it takes
+ * there (docs/PERFORMANCE.md v45). */
 static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                      w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
-    if (!st->wgmma || !st->ws || p->wgws_min_m <= 0 || M < p->wgws_min_m || K % 64 || N % 32) return 0;
+    if (!st->wgmma || !st->ws || p->wgws_min_m <= 0 || M < p->wgws_min_m || K % 64) return 0;
     return (M > 64 && plan_ws(st, layout, W4A16_MOE_TILE_WG128, p->rows64_sk_min_kt, M, N, K, workspace_bytes, pl)) ||
            plan_ws(st, layout, W4A16_MOE_TILE_WG64, p->rows64_sk_min_kt, M, N, K, workspace_bytes, pl);
 }

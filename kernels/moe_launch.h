@@ -122,13 +122,13 @@ static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_tile_bn(int tile) {
  * rows; the K-split warps reduce through the buffers (WK > 1), the unsplit tiles stage their output tile (rows padded
  * by 8). */
 static inline W4A16_MOE_CONSTEXPR_ int w4a16_moe_smem_bytes(int tile, int layout, int stages) {
-    if (w4a16_moe_tile_ws(tile)) { /* tile_ws.cu: A, Marlin weights, 2 scale and zero-point rows; output staged */
-        const int rows = w4a16_moe_tile_rows(tile), wg = w4a16_moe_tile_wgmma(tile);
-        const int b = layout == 0 ? 64 * (256 / 8 + 4) * 4 : 4 * 2 * 256 * 4; /* AWQ rows padded by 4 words */
+    if (w4a16_moe_tile_ws(tile)) { /* tile_ws.cu: A, weights, 2 scale and zero-point rows; output staged */
+        const int rows = w4a16_moe_tile_rows(tile);
+        const int b = layout == 0 ? 64 * 256 / 2 : 4 * 2 * 256 * 4;
         const int raw = rows * 64 * 2 + b + 2 * 256 * 2 + 2 * 32 * 4, out = rows * (256 + 8) * 2;
-        /* the wgmma form: stages on 1024-byte swizzle atoms, + the slack that aligns the first */
-        const int st = wg ? (raw + 1023) / 1024 * 1024 : raw;
-        return (stages * st > out ? stages * st : out) + (wg ? 1024 : 0);
+        /* stages on 1024-byte swizzle atoms, + the slack that aligns the first */
+        const int st = (raw + 1023) / 1024 * 1024;
+        return (stages * st > out ? stages * st : out) + 1024;
     }
     const int bm = w4a16_moe_tile_rows(tile), bn = w4a16_moe_tile_bn(tile), mt = bm / 16, wn = bn / 64;
     const int ks = tile == W4A16_MOE_TILE_16x256 || tile == W4A16_MOE_TILE_64 ? 4 : 2;

@@ -1,30 +1,26 @@
-// The warp-specialised mma.sync tile for dense GEMMs, both weight layouts ("rows-128", "ws-64", "ws-32":
-// launched through the MoE launch on the identity routing, like the MoE kernel's rows-64 / rows-32 tiles; csrc/moe.c).
+// The warp-specialised tile for dense GEMMs, both weight layouts ("rows-128", "ws-64", "ws-32" with mma.sync math
+// warps; "wgmma-ws-128", "wgmma-ws-64" with wgmma, sm_90a): launched through the MoE launch on the identity routing,
+// like the MoE kernel's rows-64 / rows-32 tiles (csrc/moe.c).
 //
 // Why: the rows-64 tile (4 warps of 64 x 64, every thread issuing copies, a block barrier per stage) runs its loop at
 // about 57% of the mma.sync pipe, stalled on fixed-latency dependencies (docs/PERFORMANCE.md "Session 16"). Here a
 // block is two math warpgroups (8 warps) and one producer warpgroup:
-// - the producer issues every copy of a stage (cp.async, 16 bytes; the activation rows XOR-swizzled for ldmatrix as
-//   in the MoE tile) and each of its threads tells the stage's "full" mbarrier when its copies land
-//   (cp.async.mbarrier.arrive.noinc); the math threads arrive on the stage's "empty" mbarrier when done with it. No
-//   block barrier in the main loop, no copy plans in the math warps' registers.
-// - a math warp computes BM rows x 32 channels (four n8 blocks) over every k of a stage: each dequantised weight
-//   fragment feeds MT m16 tiles (8 at BM = 128), half the dequantisation per MMA of the rows-64 warp tile.
+// - one producer thread fills a stage: the activations by TMA (a tensor map built per launch, 128-byte swizzle), the
+//   AWQ weights by TMA too, the Marlin weight rows and the scale and zero-point rows by bulk copies, all completing on
+//   the stage's "full" mbarrier by bytes; the math threads arrive on the stage's "empty" mbarrier when done with it.
+//   No block barrier in the main loop, no copy plans in the math warps' registers. (A producer warpgroup of 16-byte
+//   cp.async copies spent 20-25% of the wgmma form's time; docs/PERFORMANCE.md v45, v46.)
+// - an mma.sync math warp computes BM rows x 32 channels (four n8 blocks) over every k of a stage: each dequantised
+//   weight fragment feeds MT m16 tiles (8 at BM = 128), half the dequantisation per MMA of the rows-64 warp tile.
+// - a wgmma math warpgroup multiplies its 128 channels, the product transposed as in gemm_sm90.cuh: the dequantised
+//   weights are wgmma's register operand, the activation tile its shared-memory operand by descriptor. Unlike
+//   gemm_sm90.cuh's block, the two warpgroups never wait for each other (no block barrier), so one dequantises while
+//   the other's batch runs.
 // - registers: 384 threads leave 168 per thread at launch, too few for 128 fp32 sums plus double-buffered fragments
 //   (the first version, with one producer warp and no reallocation, ran at 1.4x rows-64's time with single-buffered
 //   A fragments). setmaxnreg moves them: producer 40, math 232. setmaxnreg exists only in the architecture-specific
 //   targets (sm_90a, sm_120a, sm_121a), so this file is built for those alone and the host plans the tile only where
 //   w4a16_probe_ws finds the image (csrc/device.c).
-// The wgmma form (sm_90a: "wgmma-ws-128", "wgmma-ws-64"; the Hopper profile's plans from M = 33) keeps the block, the
-// work split and the epilogue, and changes what the roles do:
-// - one producer thread fills a stage: the activations by TMA (a tensor map built per launch, 128-byte swizzle), the
-//   AWQ weights by TMA too, the Marlin weight rows and the scale and zero-point rows by bulk copies, all completing on
-//   the stage's "full" mbarrier by bytes. The cp.async producer above spent 20-25% of the kernel's time (a variant that
-//   copied nothing ran 0.76-0.81x as long); with TMA the loop is the math warps' (docs/PERFORMANCE.md v45).
-// - a math warpgroup multiplies its 128 channels by wgmma, the product transposed as in gemm_sm90.cuh: the dequantised
-//   weights are wgmma's register operand, the activation tile its shared-memory operand by descriptor. Unlike
-//   gemm_sm90.cuh's block, the two warpgroups never wait for each other (no block barrier), so one dequantises while
-//   the other's batch runs.
 // Work split: block b of gridDim.x takes units [b U / B, (b + 1) U / B) of the U = tiles x k-tiles (tile, k-tile)
 // units, channel tiles fastest; with one block per tile that is a whole tile each, with fewer blocks stream-K (partial
 // tiles' fp32 sums through the workspace, added by the tile's last block in block order: deterministic), as the rows-64
@@ -48,23 +44,19 @@ static_assert(THREADS == MATH_WARPS * 32 + PRODUCERS, "two math warpgroups and a
 constexpr int PRODUCER_REGS = 40, MATH_REGS = 232;
 constexpr int MAX_STAGES = 8;
 
-// A stage: the activation tile (BM rows of BK k, 16-byte chunks XOR-swizzled by row for ldmatrix), the packed
-// weights (Marlin: BK / 16 rows of 2 BN words; AWQ: BK rows of BN / 8 words, padded by 4 so that a fragment's four
-// row loads hit distinct banks; the wgmma form's TMA writes them unpadded, 128-byte rows in the 128-byte swizzle),
-// two scale rows and two zero-point rows (G = 32 puts two groups in a stage).
-template <int LAYOUT, int MT, bool WG = false> struct Tile {
-    static constexpr int BM = 16 * MT, SB = BN / 8 + 4;
+// A stage: the activation tile (BM rows of BK k: 128-byte rows, 16-byte chunks XOR-swizzled by row, the 128-byte
+// swizzle TMA writes, which ldmatrix and wgmma's descriptor read), the packed weights (Marlin: BK / 16 rows of 2 BN
+// words; AWQ: BK rows of BN / 8 words, 128-byte rows in the same swizzle), two scale rows and two zero-point rows
+// (G = 32 puts two groups in a stage). Stages start on 1024-byte swizzle atoms.
+template <int LAYOUT, int MT> struct Tile {
+    static constexpr int BM = 16 * MT;
     static constexpr int A_BYTES = BM * BK * 2;
-    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * SB * 4 : (BK / 16) * 2 * BN * 4;
+    static constexpr int B_BYTES = LAYOUT == W4A16_LAYOUT_AWQ ? BK * BN / 2 : (BK / 16) * 2 * BN * 4;
     static constexpr int S_BYTES = SLOTS * BN * 2, Z_BYTES = SLOTS * (BN / 8) * 4;
-    // wgmma reads the activation tile by descriptor: stages start on 1024-byte swizzle atoms
-    static constexpr int STAGE_RAW = A_BYTES + B_BYTES + S_BYTES + Z_BYTES;
-    static constexpr int STAGE = WG ? (STAGE_RAW + 1023) / 1024 * 1024 : STAGE_RAW;
+    static constexpr int STAGE = (A_BYTES + B_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
     static constexpr int SROW = BN + 8, OUT = BM * SROW * 2; // the staged output tile, rows padded by 16 bytes
-    static constexpr int A_PER = BM * (BK / 8) / PRODUCERS;  // a producer thread's 16-byte chunks per stage
-    static constexpr int B_PER = BK * (BN / 32) / PRODUCERS; // (both layouts: BK x BN / 2 bytes)
-    static_assert(A_PER * PRODUCERS == BM * (BK / 8) && B_PER * PRODUCERS == BK * (BN / 32), "chunks");
-    static constexpr int smem(int stages) { return (stages * STAGE > OUT ? stages * STAGE : OUT) + (WG ? 1024 : 0); }
+    // + the slack that aligns the first stage
+    static constexpr int smem(int stages) { return (stages * STAGE > OUT ? stages * STAGE : OUT) + 1024; }
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -95,10 +87,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive(smem_u32(bar)); }
-// One arrival on the barrier once this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
@@ -120,15 +108,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     !defined(__CUDA_ARCH_FEAT_SM121_ALL)
     __trap(); // a stub: never planned (w4a16_probe_ws fails), no setmaxnreg on this target
 #else
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (WG) { // wgmma exists only in the sm_90a image: a stub elsewhere, never planned
+        __trap();
+        return;
+    }
+#endif
     using D = Dtype<T>;
-    using TL = Tile<LAYOUT, MT, WG>;
+    using TL = Tile<LAYOUT, MT>;
     constexpr bool AWQ = LAYOUT == W4A16_LAYOUT_AWQ;
-    constexpr int SB = TL::SB;
     constexpr int BM = TL::BM, A_BYTES = TL::A_BYTES, B_BYTES = TL::B_BYTES, S_BYTES = TL::S_BYTES;
     constexpr int STAGE = TL::STAGE, SROW = TL::SROW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    // the wgmma form reads activation tiles by descriptor: 1024-byte aligned stages (Tile adds the slack)
-    unsigned char *const smem = WG ? smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023) : smem_raw;
+    // 1024-byte aligned stages, so that the swizzle TMA applies (by address) is the one the readers undo (Tile adds
+    // the slack)
+    unsigned char *const smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES], seg_done;
     __shared__ int s_flag;
 
@@ -138,10 +132,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
     if (tid == 0) {
         for (int s = 0; s < stages; s++) {
-            mbar_init(&full[s], WG ? 1 : PRODUCERS); // every producer thread, once its copies land (WG: by bytes)
-            mbar_init(&empty[s], MATH_WARPS * 32);   // every math thread once done reading the stage
+            mbar_init(&full[s], 1);                // the producer thread's expect-tx; then the copies' bytes
+            mbar_init(&empty[s], MATH_WARPS * 32); // every math thread once done reading the stage
         }
         mbar_init(&seg_done, MATH_WARPS * 32); // every math thread once a segment's epilogue is done
+        // the copies (the async proxy) complete on these barriers: their initialisation is visible to it first
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     // Each role loops over the block's segments (a partial tile, whole tiles, a partial tile) in its own branch after
@@ -154,10 +150,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int seg = 0; u < u1; seg++) {
             const int t = (int)(u / nkt), k0 = (int)(u % nkt), nk = (int)min((long long)(nkt - k0), u1 - u);
             if (seg > 0) {
-                if (producer)
+                if (producer) {
                     mbar_wait(&seg_done, (seg - 1) & 1);
-                else
+                } else {
+                    // the epilogue's ordinary stores to the stage buffers come before the next segment's copies
+                    // (the async proxy) write there
+                    fence_proxy_async_smem();
                     mbar_arrive(&seg_done);
+                }
             }
             body(seg, t, k0, nk, (t / ntn) * BM, (t % ntn) * BN);
             u += nk;
@@ -174,12 +174,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             phase ^= 1;
         }
     };
-    if (warp >= MATH_WARPS && WG) {
-        // the wgmma form: one thread fills a stage by TMA (the activations through `amap`; the AWQ weights
-        // through `bmap`, 128-byte rows in the 128-byte swizzle) and bulk copies (the Marlin weight rows, the scale
-        // and zero-point rows), no per-thread copies
+    if (warp >= MATH_WARPS) {
+        // one thread fills a stage by TMA (the activations through `amap`; the AWQ weights through `bmap`, 128-byte
+        // rows in the 128-byte swizzle) and bulk copies (the Marlin weight rows, the scale and zero-point rows)
         setmaxnreg_dec<PRODUCER_REGS>();
-#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if (tid != MATH_WARPS * 32) return; // one thread issues every copy
         const uint32_t *Bw = static_cast<const uint32_t *>(p.B);
         const T *S = static_cast<const T *>(p.scales);
@@ -218,61 +216,6 @@ __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         });
-#endif
-    } else if (warp >= MATH_WARPS) {
-        setmaxnreg_dec<PRODUCER_REGS>();
-        for_segments(true, [&](int seg, int t, int k0, int nk, int m0, int n0) {
-            (void)seg;
-            (void)t;
-            // ---- producer warpgroup: stage s of the segment holds k-tile k0 + s
-            const int pt = tid - MATH_WARPS * 32;
-            // The thread's chunks: activation rows pt / 8 + 16 i (16-byte chunk pt % 8 of each, the same XOR slot in
-            // every one), weight chunk pt of k16 row i; pointers advance by a stage, so that 40 registers hold them.
-            const T *A = static_cast<const T *>(p.A);
-            const uint32_t *Bw = static_cast<const uint32_t *>(p.B);
-            const T *S = static_cast<const T *>(p.scales);
-            const uint32_t *Z = static_cast<const uint32_t *>(p.zeros);
-            const int arow = pt / 8, ach = pt % 8;
-            const int a_rows = min(TL::A_PER, max(0, (M - m0 - arow + 15) / 16)); // chunks i inside M
-            const T *a_src = A + (size_t)(m0 + arow) * K + k0 * BK + ach * 8;
-            const uint32_t a_dst = (arow * BK + ((ach ^ (arow & 7)) * 8)) * 2;
-            // Marlin: chunk pt of k16 row i (a row is 2 BN words); AWQ: chunk pt % 8 of k rows pt / 8 + 16 i (BN / 8
-            // words a row)
-            static_assert(TL::B_PER == BK / 16 && PRODUCERS == 2 * BN / 4 && PRODUCERS == 16 * (BN / 32), "chunks");
-            const bool b_ok = AWQ ? n0 + ach * 32 < N : n0 + pt * 2 < N;
-            const uint32_t *b_src = AWQ ? Bw + (size_t)(k0 * BK + arow) * (N / 8) + n0 / 8 + ach * 4
-                                        : Bw + (size_t)k0 * (BK / 16) * (2 * N) + 2 * n0 + pt * 4;
-            const uint32_t b_dst = AWQ ? A_BYTES + (arow * SB + ach * 4) * 4 : A_BYTES + pt * 16;
-            const size_t b_row = AWQ ? (size_t)16 * (N / 8) : (size_t)2 * N; // chunk i's offset: i rows of this
-            for (int s = 0; s < nk; s++, advance()) {
-                const int kt = k0 + s;
-                mbar_wait(&empty[slot], phase ^ 1); // a fresh barrier passes parity 1 at once
-                unsigned char *st = smem + slot * STAGE;
-#pragma unroll
-                for (int i = 0; i < TL::A_PER; i++)
-                    cp_async16(st + a_dst + i * 16 * BK * 2, i < a_rows ? a_src + (size_t)i * 16 * K : A, i < a_rows);
-                a_src += BK;
-#pragma unroll
-                for (int i = 0; i < TL::B_PER; i++)
-                    cp_async16(st + b_dst + i * (AWQ ? 16 * SB * 4 : 2 * BN * 4), b_ok ? b_src + i * b_row : Bw, b_ok);
-                b_src += AWQ ? (size_t)BK * (N / 8) : (size_t)(BK / 16) * 2 * N;
-                // the scale (and zero-point) rows of the stage's first two groups (two only where G = 32)
-                const int g0 = (kt * BK) >> gshift;
-                if (pt < SLOTS * (BN / 8)) {
-                    const int i = pt / (BN / 8), ch = pt % (BN / 8), g = min(g0 + i, g_last);
-                    const bool ok = n0 + ch * 8 < N;
-                    cp_async16(st + A_BYTES + B_BYTES + (i * BN + ch * 8) * 2, ok ? S + (size_t)g * N + n0 + ch * 8 : S,
-                               ok);
-                } else if (Z && pt < SLOTS * (BN / 8) + SLOTS * (BN / 32)) {
-                    const int z = pt - SLOTS * (BN / 8), i = z / (BN / 32), ch = z % (BN / 32);
-                    const int g = min(g0 + i, g_last);
-                    const bool ok = n0 + ch * 32 < N;
-                    cp_async16(st + A_BYTES + B_BYTES + S_BYTES + (i * (BN / 8) + ch * 4) * 4,
-                               ok ? Z + (size_t)g * (N / 8) + n0 / 8 + ch * 4 : Z, ok);
-                }
-                cp_async_mbar_arrive(&full[slot]);
-            }
-        });
     } else {
         setmaxnreg_inc<MATH_REGS>();
         // the lane's ldmatrix row of each m16 tile at k16 step kk: row lane % 16, 16-byte chunk 2 kk + lane / 16, XOR-
@@ -291,7 +234,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // the packed weights of the warp's four n8 blocks at k16 step kk: Marlin the lane's 8 bytes of them;
             // AWQ rows 2q, 2q + 1, 2q + 8, 2q + 9 of word r of the 64-channel group (blocks 4h .. 4h + 3 are
             // nibbles 4h .. 4h + 3 of those words)
-            const int f_off = AWQ ? A_BYTES + ((2 * q) * SB + gq * 8 + r) * 4 : A_BYTES + gq * 512 + (2 * lane + h) * 8;
+            const int f_off = A_BYTES + gq * 512 + (2 * lane + h) * 8;
             // TMA's AWQ rows: 128 bytes (word w of row R in 16-byte chunk (w / 4) ^ (R % 8)); rows 2q, 2q + 8 of a k16
             // step share one chunk order, 2q + 1, 2q + 9 the next (conflict-free over the warp)
             const int w_awq = gq * 8 + r;
@@ -299,15 +242,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int f_o1 = A_BYTES + (2 * q + 1) * 128 + ((((w_awq >> 2) ^ (2 * q + 1)) << 4) | ((w_awq & 3) << 2));
             auto fetch = [&](const unsigned char *st, int kk) {
                 uint4 f;
-                if constexpr (AWQ && WG) {
+                if constexpr (AWQ) {
                     const unsigned char *b = st + kk * 16 * 128;
                     f = make_uint4(*reinterpret_cast<const uint32_t *>(b + f_o0),
                                    *reinterpret_cast<const uint32_t *>(b + f_o1),
                                    *reinterpret_cast<const uint32_t *>(b + f_o0 + 8 * 128),
                                    *reinterpret_cast<const uint32_t *>(b + f_o1 + 8 * 128));
-                } else if constexpr (AWQ) {
-                    const uint32_t *rowp = reinterpret_cast<const uint32_t *>(st + f_off + kk * 16 * SB * 4);
-                    f = make_uint4(rowp[0], rowp[SB], rowp[8 * SB], rowp[9 * SB]);
                 } else {
                     const uint2 v = *reinterpret_cast<const uint2 *>(st + f_off + kk * (2 * BN) * 4);
                     f = make_uint4(v.x, v.y, 0u, 0u);
@@ -602,9 +542,9 @@ template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
     case W4A16_MOE_TILE_WS64:
         return Tile<LAYOUT, 4>::smem(a.stages);
     case W4A16_MOE_TILE_WG64:
-        return Tile<LAYOUT, 4, true>::smem(a.stages);
+        return Tile<LAYOUT, 4>::smem(a.stages);
     case W4A16_MOE_TILE_WG128:
-        return Tile<LAYOUT, 8, true>::smem(a.stages);
+        return Tile<LAYOUT, 8>::smem(a.stages);
     default:
         return Tile<LAYOUT, 8>::smem(a.stages);
     }
@@ -614,12 +554,11 @@ int smem_of(const w4a16_moe_launch &a) {
 }
 template <int TILE> constexpr bool smem_formula_holds() {
     constexpr int MT = mt_of(TILE);
-    constexpr bool WG = w4a16_moe_tile_wgmma(TILE);
     for (int s = 2; s <= MAX_STAGES; s++)
-        if (Tile<W4A16_LAYOUT_MARLIN, MT, WG>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
-            Tile<W4A16_LAYOUT_AWQ, MT, WG>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
+        if (Tile<W4A16_LAYOUT_MARLIN, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_MARLIN, s) ||
+            Tile<W4A16_LAYOUT_AWQ, MT>::smem(s) != w4a16_moe_smem_bytes(TILE, W4A16_LAYOUT_AWQ, s))
             return false;
-    return Tile<W4A16_LAYOUT_MARLIN, MT, WG>::BM == w4a16_moe_tile_rows(TILE);
+    return Tile<W4A16_LAYOUT_MARLIN, MT>::BM == w4a16_moe_tile_rows(TILE);
 }
 static_assert(smem_formula_holds<W4A16_MOE_TILE_128>() && smem_formula_holds<W4A16_MOE_TILE_WS64>() &&
                   smem_formula_holds<W4A16_MOE_TILE_WS32>() && smem_formula_holds<W4A16_MOE_TILE_WG128>() &&
@@ -633,7 +572,7 @@ static_assert(smem_formula_holds<W4A16_MOE_TILE_128>() && smem_formula_holds<W4A
 // One block per tile (a.grid_blocks row tiles x the channel tiles), or stream-K over a.sk_blocks blocks.
 extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     using namespace w4a16::moe::ws;
-    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK)
+    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK || a->N % 32)
         return cudaErrorInvalidValue;
     cudaLaunchConfig_t c = {};
     const unsigned ntiles = (a->N + BN - 1) / BN;
@@ -641,18 +580,16 @@ extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem_of(*a);
     c.stream = static_cast<cudaStream_t>(a->stream);
-    // the wgmma form's tensor maps (by value in the kernel's parameters: nothing to free, graph-capturable): the
-    // activations in boxes of the tile's rows x 64 k, the AWQ weights in boxes of 64 k rows x 32 words (256 channels)
+    // the tensor maps (by value in the kernel's parameters: nothing to free, graph-capturable): the activations in
+    // boxes of the tile's rows x 64 k, the AWQ weights in boxes of 64 k rows x 32 words (256 channels)
     CUtensorMap amap = {}, bmap = {};
-    if (w4a16_moe_tile_wgmma(a->tile)) {
-        const int rows = w4a16_moe_tile_rows(a->tile);
-        cudaError_t e = a->dtype == 0 ? w4a16::make_tensor_map<__half>(&amap, a->A, a->M, a->K, a->K, rows)
-                                      : w4a16::make_tensor_map<__nv_bfloat16>(&amap, a->A, a->M, a->K, a->K, rows);
-        if (e == cudaSuccess && a->layout == W4A16_LAYOUT_AWQ)
-            e = w4a16::encode_tensor_map(&bmap, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, a->B, a->K, a->N / 8, a->N / 8,
-                                         BN / 8, BK);
-        if (e != cudaSuccess) return e;
-    }
+    const int rows = w4a16_moe_tile_rows(a->tile);
+    cudaError_t e = a->dtype == 0 ? w4a16::make_tensor_map<__half>(&amap, a->A, a->M, a->K, a->K, rows)
+                                  : w4a16::make_tensor_map<__nv_bfloat16>(&amap, a->A, a->M, a->K, a->K, rows);
+    if (e == cudaSuccess && a->layout == W4A16_LAYOUT_AWQ)
+        e = w4a16::encode_tensor_map(&bmap, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, a->B, a->K, a->N / 8, a->N / 8, BN / 8,
+                                     BK);
+    if (e != cudaSuccess) return e;
     return cudaLaunchKernelEx(&c, kernel_of(*a), *a, amap, bmap);
 }
 
