@@ -222,13 +222,14 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
 
 /* A warp-specialised tile (one block per SM) into *pl: whole where its tiles fill rows128_min_wave_fill percent of
  * their waves, else stream-K blocks of at least min_kt k-tiles (none where min_kt is 0); *pl unchanged where it has no
- * plan. K % 64 and N % 32 are what its copies need (whole k-tiles; whole 16-byte zero-point rows); the API already
- * holds N to multiples of 64, so the latter only guards direct callers of the plan. */
+ * plan. K % 64 and N % 32 (Marlin: 64) are what its copies need (whole k-tiles; whole 16-byte zero-point rows; the
+ * Marlin layout's 64-channel permutation blocks); the API already holds N to multiples of 64, so the latter only guards
+ * direct callers of the plan. */
 static int plan_ws(const w4a16_device_state *st, int layout, int tile, int min_kt, int M, int N, int K,
                    size_t workspace_bytes, w4a16_plan *pl) {
     w4a16_plan c = *pl;
     int whole;
-    if (K % 64 || N % 32 ||
+    if (K % 64 || N % (layout == W4A16_LAYOUT_MARLIN ? 64 : 32) ||
         !plan_tile_sk(st, layout, tile, 1, st->profile->rows128_min_wave_fill, min_kt, M, N, K, workspace_bytes, &c,
                       &whole))
         return 0;

@@ -417,9 +417,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                 for (int ii = 0; ii < 2; ii++) fence_operands(wacc[ii]);
                 mbar_arrive(empty0 + 8 * prev);
-#else
-                __trap(); // never planned: wgmma exists only in the sm_90a image
-#endif
+#endif // (elsewhere the stub at the top has returned)
             }
 
             // ---- epilogue (math warps only: named barrier 2)
@@ -572,7 +570,8 @@ static_assert(smem_formula_holds<W4A16_MOE_TILE_128>() && smem_formula_holds<W4A
 // One block per tile (a.grid_blocks row tiles x the channel tiles), or stream-K over a.sk_blocks blocks.
 extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     using namespace w4a16::moe::ws;
-    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK || a->N % 32)
+    if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES || a->K % BK ||
+        a->N % (a->layout == W4A16_LAYOUT_MARLIN ? 64 : 32))
         return cudaErrorInvalidValue;
     cudaLaunchConfig_t c = {};
     const unsigned ntiles = (a->N + BN - 1) / BN;

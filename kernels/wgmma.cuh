@@ -27,7 +27,8 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async wrote the tile through the generic proxy; wgmma reads it through the async proxy.
+// Orders this thread's earlier generic-proxy accesses to shared memory (cp.async writes, ordinary stores) before later
+// async-proxy ones (wgmma's reads, TMA's writes).
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
