@@ -62,31 +62,7 @@ template <int LAYOUT, int MT> struct Tile {
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// Waits until the barrier's phase of this parity has completed.
-// Waits until the barrier's phase of this parity has completed (bar: its shared-window address, which the wgmma form
-// keeps in a register: the generic-to-shared conversion costs a few uniform instructions per use).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
-                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#else
-    asm volatile("{\n .reg .pred p;\nWS_WAIT_%=:\n mbarrier.test_wait.parity.shared.b64 p, [%0], %1;\n"
-                 " @!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    uint64_t state __attribute__((unused));
-    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive(smem_u32(bar)); }
+// (the mbarrier helpers, by pointer or by shared-window address, and the TMA / bulk copies: wgmma.cuh)
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
@@ -534,15 +510,11 @@ KernelFn kernel_of(const w4a16_moe_launch &a) {
                                         : kernel_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
 template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
-    switch (a.tile) {
-    case W4A16_MOE_TILE_WS32:
+    switch (mt_of(a.tile)) { // (both forms: the stage does not depend on the math warps' MMA)
+    case 2:
         return Tile<LAYOUT, 2>::smem(a.stages);
-    case W4A16_MOE_TILE_WS64:
+    case 4:
         return Tile<LAYOUT, 4>::smem(a.stages);
-    case W4A16_MOE_TILE_WG64:
-        return Tile<LAYOUT, 4>::smem(a.stages);
-    case W4A16_MOE_TILE_WG128:
-        return Tile<LAYOUT, 8>::smem(a.stages);
     default:
         return Tile<LAYOUT, 8>::smem(a.stages);
     }

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) warpgroup MMA: the few PTX instructions the wgmma GEMM uses, one wrapper each.
 // Compiled only into the sm_90a image (wgmma does not exist on sm_80/86/89/120/121, and sm_100 has its own
-// tensor-core path): the host dispatches here only on compute capability 9.0 after probing the image.
+// tensor-core path): the host dispatches here only on compute capability 9.0 after probing the image. The mbarrier and
+// TMA / bulk-copy helpers below also serve the warp-specialised tile's sm_120a / sm_121a images (kernels/tile_ws.cu).
 #pragma once
 #include <cuda.h> // CUtensorMap
 #include <cuda_bf16.h>
@@ -151,24 +152,30 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
         "r"(count)
         : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile(
-        "mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-        : "memory");
+// (bar: the barrier's shared-window address, for a caller that keeps it in a register across a pipeline: the
+// generic-to-shared conversion costs a few uniform instructions per use)
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// (bar: the barrier's shared-window address, for a caller that keeps it in a register across a pipeline)
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    mbar_arrive(static_cast<uint32_t>(__cvta_generic_to_shared(bar)));
+}
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     mbar_expect_tx(static_cast<uint32_t>(__cvta_generic_to_shared(bar)), bytes);
 }
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile("{\n.reg .pred done;\nwait_%=:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
                  "r"(parity)
                  : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    mbar_wait(static_cast<uint32_t>(__cvta_generic_to_shared(bar)), parity);
 }
 // ---- the dense GEMM's epilogue: a warpgroup's own barrier, fragments to shared memory, and TMA stores.
 // Named barrier `id` (1..15; 0 is __syncthreads) over THREADS threads, so one warpgroup waits while the others run on.
