@@ -68,6 +68,9 @@ typedef struct w4a16_profile {
                           layout take the warp-specialised 128 x 256 tile (W4A16_KERNEL_ROWS128) from this M, in whole
                           tiles where they fill at least rows128_min_wave_fill percent of the waves they take */
     int rows128_min_wave_fill;
+    int ws_fixup_min_blocks_per_tile; /* > 0: the warp-specialised tiles' stream-K parts are added by a second grid
+                                         (fixup_kernel) where the blocks number at least this many per shared tile;
+                                         else by each tile's last block */
     int ws64_sk_min_kt;   /* > 0: on such a device, the warp-specialised 64 x 256 tile (W4A16_KERNEL_WS64) below
                              rows128_min_m where rows-64 would not run whole tiles, and from it where the 128-row tile
                              has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */

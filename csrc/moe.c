@@ -185,6 +185,7 @@ static void moe_dense_of(const w4a16_gemm_launch *g, w4a16_moe_launch *a) {
         .tile = w4a16_kernel_moe_tile(g->plan.kind),
         .splits = g->plan.splits,
         .sk_blocks = g->plan.sk_blocks,
+        .sk_fixup = g->plan.sk_fixup,
         .n_fast = g->plan.grid[0] <= 65535,
         /* only rows-16, the kind that replaced the decode kernel's PDL launches and that test_selfref_pdl_chain runs;
          * rows-16w with the flag had llama3-8b.gate_up at M = 9 / 16 (224 whole 16 x 128 tiles on 528 slots) at

@@ -221,10 +221,11 @@ static int plan_tile_sk(const w4a16_device_state *st, int layout, int tile, int 
 }
 
 /* A warp-specialised tile (one block per SM) into *pl: whole where its tiles fill rows128_min_wave_fill percent of
- * their waves, else stream-K blocks of at least min_kt k-tiles (none where min_kt is 0); *pl unchanged where it has no
- * plan. K % 64 and N % 32 (Marlin: 64) are what its copies need (whole k-tiles; whole 16-byte zero-point rows; the
- * Marlin layout's 64-channel permutation blocks); the API already holds N to multiples of 64, so the latter only guards
- * direct callers of the plan. */
+ * their waves, else stream-K blocks of at least min_kt k-tiles (none where min_kt is 0), their parts added by a second
+ * grid from ws_fixup_min_blocks_per_tile blocks per tile; *pl unchanged where it has no plan. K % 64 and N % 32
+ * (Marlin: 64) are what its copies need (whole k-tiles; whole 16-byte zero-point rows; the Marlin layout's 64-channel
+ * permutation blocks); the API already holds N to multiples of 64, so the latter only guards direct callers of the
+ * plan. */
 static int plan_ws(const w4a16_device_state *st, int layout, int tile, int min_kt, int M, int N, int K,
                    size_t workspace_bytes, w4a16_plan *pl) {
     w4a16_plan c = *pl;
@@ -233,6 +234,8 @@ static int plan_ws(const w4a16_device_state *st, int layout, int tile, int min_k
         !plan_tile_sk(st, layout, tile, 1, st->profile->rows128_min_wave_fill, min_kt, M, N, K, workspace_bytes, &c,
                       &whole))
         return 0;
+    const int fx = st->profile->ws_fixup_min_blocks_per_tile;
+    c.sk_fixup = c.sk_blocks > 0 && fx > 0 && c.sk_blocks >= (long long)fx * c.sk_tiles;
     *pl = c;
     return 1;
 }
@@ -571,9 +574,10 @@ void w4a16_plan_text(const w4a16_plan *pl, char *buf, size_t size) {
                      pl->blocks_per_sm, pl->blocks_per_sm > 1 ? "s" : "");
     } else if (W4A16_KERNEL_ROWS(pl->kind)) {
         const int tile = w4a16_kernel_moe_tile(pl->kind);
-        char split[64];
+        char split[80];
         if (pl->sk_blocks > 0)
-            snprintf(split, sizeof split, "stream-K %d blocks over %d tiles", pl->sk_blocks, pl->sk_tiles);
+            snprintf(split, sizeof split, "stream-K %d blocks over %d tiles%s", pl->sk_blocks, pl->sk_tiles,
+                     pl->sk_fixup ? " + fixup grid" : "");
         else
             snprintf(split, sizeof split, "%d K split%s, grid %dx%dx%d", pl->splits, pl->splits > 1 ? "s" : "",
                      pl->grid[0], pl->grid[1], pl->grid[2]);

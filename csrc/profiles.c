@@ -64,8 +64,13 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of 16 tiles (llama3-8b.o: 0.95-1.03x; v33),
  * and from M = 65 where the 128-row tile has no plan (narrow layers that ran rows-32: 0.75-0.97x at M 128-256, v35).
  * At M 17-32, where no rows-32 plan runs, its 32-row form, whole or with stream-K blocks of at least 8 k-tiles: 1.28 ->
- * 1.21x vLLM Marlin's time under sm120 and natively (v36). */
-#define W4A16_ROWS128 .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4, .ws32_min_kt = 8
+ * 1.21x vLLM Marlin's time under sm120 and natively (v36). Their stream-K parts are added by a second grid where the
+ * blocks number two or more per tile (the tile's last block otherwise waits for and adds 3-9 parts alone): 0.80-0.97x
+ * the time on those layers at M 128-256 under both profiles; with fewer blocks per tile the second launch cost more
+ * than it saved (llama3-8b.gate_up at M = 128-256: 1.03-1.06x; v48). */
+#define W4A16_ROWS128                                                                                                  \
+    .rows128_min_m = 65, .rows128_min_wave_fill = 90, .ws64_sk_min_kt = 4, .ws32_min_kt = 8,                           \
+    .ws_fixup_min_blocks_per_tile = 2
 
 enum { SMEM_100KB = 100 * 1024, SMEM_164KB = 164 * 1024, SMEM_228KB = 228 * 1024 };
 

@@ -115,6 +115,8 @@ typedef struct w4a16_plan {
     int carveout;      /* shared-memory carveout (percent) that emulates a smaller SM, or -1 (the device's own) */
     int sk_blocks;     /* mma.sync kind: stream-K blocks (the first grid[0] blocks) and the tiles they share; the */
     int sk_tiles;      /* other grid[0] - sk_blocks blocks compute one whole tile each */
+    int sk_fixup;      /* warp-specialised tiles with stream-K: a second grid adds the parts (else each tile's last
+                          block) */
 } w4a16_plan;
 
 typedef struct w4a16_gemm_launch {

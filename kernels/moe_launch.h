@@ -34,6 +34,7 @@ typedef struct w4a16_moe_launch {
     int splits;    /* K split across gridDim.z blocks (w4a16_moe_tile_can_split; MoE plans split only 16x64); 1: none */
     int n_fast;    /* grid x = channel tiles, y = routing blocks (else the other way round) */
     int sk_blocks; /* > 0: a dense call's stream-K over this many blocks (w4a16_moe_tile_can_stream_k); splits 1 */
+    int sk_fixup;  /* with sk_blocks, warp-specialised tiles: a second grid adds the parts (kernels/tile_ws.cu) */
     int pdl;       /* programmatic dependent launch (a dense rows-16 call with W4A16_FLAG_PDL, csrc/moe.c): the first
                       weight stages are copied before the wait for the previous grid */
     int *counters; /* workspace: one arrival counter per tile (grid_blocks x N / BN), zero between calls */

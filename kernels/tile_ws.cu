@@ -23,8 +23,8 @@
 //   w4a16_probe_ws finds the image (csrc/device.c).
 // Work split: block b of gridDim.x takes units [b U / B, (b + 1) U / B) of the U = tiles x k-tiles (tile, k-tile)
 // units, channel tiles fastest; with one block per tile that is a whole tile each, with fewer blocks stream-K (partial
-// tiles' fp32 sums through the workspace, added by the tile's last block in block order: deterministic), as the rows-64
-// stream-K kernel does (stream_k.cuh).
+// tiles' fp32 sums through the workspace, added in block order, so deterministic: by the tile's last block as the
+// rows-64 stream-K kernel does (stream_k.cuh), or where the plan says so by a second grid, fixup_kernel).
 #include "common.cuh"
 #include "gemm_sm90_dense.cuh" // make_tensor_map
 #include "launch.h"
@@ -399,7 +399,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             // ---- epilogue (math warps only: named barrier 2)
             if (nk < nkt) {
                 // a partial tile: its fp32 sums to this block's workspace slot (0 for the segment its range starts
-                // in, 1 for the one it ends in); the block that completes the tile adds every part in block order
+                // in, 1 for the one it ends in); fixup_kernel adds the parts after this grid (p.sk_fixup), or else
+                // the block that completes the tile adds every part in block order
+                float4 *const part = static_cast<float4 *>(p.partials) + warp * MT * 4 * 32 + lane;
+                if (p.sk_fixup) {
+                    sk_store_part<MT, 4, MATH_WARPS * MT * 4 * 32>(acc, part, seg == 0 ? 0 : 1);
+                    return;
+                }
                 auto arrive = [&](int add, int total) {
                     __threadfence(); // the sums are visible device-wide before the counter says so
                     bar_sync(2, MATH_WARPS * 32);
@@ -413,9 +419,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                     __threadfence();
                     return true;
                 };
-                if (!sk_partial<MT, 4, MATH_WARPS * MT * 4 * 32>(
-                        acc, static_cast<float4 *>(p.partials) + warp * MT * 4 * 32 + lane, seg == 0 ? 0 : 1, t, nk,
-                        nkt, U, B, arrive))
+                if (!sk_partial<MT, 4, MATH_WARPS * MT * 4 * 32>(acc, part, seg == 0 ? 0 : 1, t, nk, nkt, U, B, arrive))
                     return;
             }
             // (acc + bias) in T staged in shared memory (every math warp is past its last stage: the barrier), then
@@ -485,29 +489,121 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-using KernelFn = void (*)(w4a16_moe_launch, CUtensorMap, CUtensorMap);
-// A tile's warp rows in m16 tiles: 128 x 256 -> 8, ws-64 -> 4, ws-32 -> 2.
-constexpr int mt_of(int tile) { return w4a16_moe_tile_rows(tile) / 16; }
-template <int LAYOUT, int MT, bool WG> KernelFn kernel_mt(const w4a16_moe_launch &a) {
-    return a.dtype == 0 ? ws_kernel<__half, LAYOUT, MT, WG> : ws_kernel<__nv_bfloat16, LAYOUT, MT, WG>;
-}
-template <int LAYOUT> KernelFn kernel_of_layout(const w4a16_moe_launch &a) {
-    switch (a.tile) {
-    case W4A16_MOE_TILE_WS32:
-        return kernel_mt<LAYOUT, 2, false>(a);
-    case W4A16_MOE_TILE_WS64:
-        return kernel_mt<LAYOUT, 4, false>(a);
-    case W4A16_MOE_TILE_WG64:
-        return kernel_mt<LAYOUT, 4, true>(a);
-    case W4A16_MOE_TILE_WG128:
-        return kernel_mt<LAYOUT, 8, true>(a);
-    default:
-        return kernel_mt<LAYOUT, 8, false>(a);
+// Stream-K's parts added by a second grid on the same stream, where the plan says so (p.sk_fixup: tiles split among
+// two or more blocks on average, csrc/plan.c plan_ws): stream order makes every part complete, so no block waits on a
+// counter, and the tile's 16-row shares are added in parallel, not by one block after the others. Block (t, sh) adds
+// rows 16 sh .. 16 sh + 15 of tile t from every part in block order (the sums of the in-kernel fixup, so the output is
+// bit-identical) and stores them with the bias. Its warps and lanes read the fragments the GEMM's math warps and lanes
+// wrote: the mma.sync warp's m16 tile sh, n8 blocks 0-3; the wgmma form's token groups 2 sh, 2 sh + 1 of both wgmmas.
+template <typename T, int LAYOUT, int MT, bool WG>
+__global__ void __launch_bounds__(MATH_WARPS * 32) fixup_kernel(const w4a16_moe_launch p) {
+    using D = Dtype<T>;
+    constexpr bool AWQ = LAYOUT == W4A16_LAYOUT_AWQ;
+    constexpr int SROW = BN + 8, TILE_F4 = MATH_WARPS * MT * 4 * 32, BM = 16 * MT;
+    __shared__ __align__(16) T stg[16 * SROW];
+    const int M = p.M, N = p.N, nkt = p.K / BK, ntn = (N + BN - 1) / BN;
+    const long long U = (long long)p.grid_blocks * ntn * nkt, B = p.sk_blocks;
+    const int t = blockIdx.x, sh = blockIdx.y;
+    const int c0 = sk_block_of((long long)t * nkt, U, B), c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
+    if (c0 == c1) return; // a whole tile: its block stored it
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2, gq = warp >> 1,
+              h = warp & 1;
+    const int m0 = (t / ntn) * BM, n0 = (t % ntn) * BN;
+    const float4 *const part = static_cast<const float4 *>(p.partials) + warp * MT * 4 * 32 + lane;
+    int off[4]; // the thread's four float4 of share sh in a part
+#pragma unroll
+    for (int f = 0; f < 4; f++)
+        off[f] = WG ? ((sh / 2 + (f / 2) * (MT / 2)) * 4 + 2 * (sh % 2) + f % 2) * 32 : (sh * 4 + f) * 32;
+    float sum[4][4] = {};
+    for (int c = c0; c <= c1; c += 4) { // four parts' loads in flight, then their additions in block order
+        float4 v[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (c + k <= c1) {
+                const float4 *src = part + ((size_t)(c + k) * 2 + sk_slot(c + k, t, nkt, U, B)) * TILE_F4;
+#pragma unroll
+                for (int f = 0; f < 4; f++) v[k][f] = __ldcg(src + off[f]);
+            }
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (c + k <= c1)
+#pragma unroll
+                for (int f = 0; f < 4; f++) {
+                    sum[f][0] += v[k][f].x;
+                    sum[f][1] += v[k][f].y;
+                    sum[f][2] += v[k][f].z;
+                    sum[f][3] += v[k][f].w;
+                }
+    }
+    // (sum + bias) in T staged in shared memory as ws_kernel's epilogue stages it, then 16-byte chunks of each row
+    const T *bias = p.bias ? static_cast<const T *>(p.bias) + n0 : nullptr;
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        if constexpr (WG) { // wgmma f / 2: channel column r of block 2 (f / 2) + hh; tokens 8 (f % 2) + 2q + e
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int j = 2 * (f / 2) + hh;
+                const int c = AWQ ? gq * 64 + 8 * r + awq_order(4 * h + j) : warp * 32 + 8 * j + r;
+                const float bv = bias && n0 + c < N ? D::to_float(bias[c]) : 0.f;
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    stg[(8 * (f % 2) + 2 * q + e) * SROW + c] = D::from_float(sum[f][2 * hh + e] + bv);
+            }
+        } else { // n8 block f: rows r, r + 8
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                T *srow = stg + (r + 8 * hh) * SROW;
+#pragma unroll
+                for (int c2 = 0; c2 < 2; c2++) {
+                    const int c =
+                        AWQ ? gq * 64 + 16 * q + 8 * c2 + awq_order(4 * h + f) : warp * 32 + 8 * f + 2 * q + c2;
+                    const float bv = bias && n0 + c < N ? D::to_float(bias[c]) : 0.f;
+                    srow[c] = D::from_float(sum[f][2 * hh + c2] + bv);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    T *C = static_cast<T *>(p.C);
+    constexpr int CPR = BN / 8;
+    for (int i = tid; i < 16 * CPR; i += MATH_WARPS * 32) {
+        const int row = i / CPR, cc = i % CPR;
+        if (m0 + 16 * sh + row >= M || n0 + cc * 8 >= N) continue;
+        *reinterpret_cast<uint4 *>(C + (size_t)(m0 + 16 * sh + row) * N + n0 + cc * 8) =
+            *reinterpret_cast<const uint4 *>(stg + row * SROW + cc * 8);
     }
 }
-KernelFn kernel_of(const w4a16_moe_launch &a) {
-    return a.layout == W4A16_LAYOUT_AWQ ? kernel_of_layout<W4A16_LAYOUT_AWQ>(a)
-                                        : kernel_of_layout<W4A16_LAYOUT_MARLIN>(a);
+
+using KernelFn = void (*)(w4a16_moe_launch, CUtensorMap, CUtensorMap);
+using FixupFn = void (*)(w4a16_moe_launch);
+// A tile's warp rows in m16 tiles: 128 x 256 -> 8, ws-64 -> 4, ws-32 -> 2.
+constexpr int mt_of(int tile) { return w4a16_moe_tile_rows(tile) / 16; }
+// A launch's GEMM kernel and its stream-K fixup
+struct Kernels {
+    KernelFn gemm;
+    FixupFn fixup;
+};
+template <int LAYOUT, int MT, bool WG> Kernels kernels_mt(const w4a16_moe_launch &a) {
+    if (a.dtype == 0) return {ws_kernel<__half, LAYOUT, MT, WG>, fixup_kernel<__half, LAYOUT, MT, WG>};
+    return {ws_kernel<__nv_bfloat16, LAYOUT, MT, WG>, fixup_kernel<__nv_bfloat16, LAYOUT, MT, WG>};
+}
+template <int LAYOUT> Kernels kernels_of_layout(const w4a16_moe_launch &a) {
+    switch (a.tile) {
+    case W4A16_MOE_TILE_WS32:
+        return kernels_mt<LAYOUT, 2, false>(a);
+    case W4A16_MOE_TILE_WS64:
+        return kernels_mt<LAYOUT, 4, false>(a);
+    case W4A16_MOE_TILE_WG64:
+        return kernels_mt<LAYOUT, 4, true>(a);
+    case W4A16_MOE_TILE_WG128:
+        return kernels_mt<LAYOUT, 8, true>(a);
+    default:
+        return kernels_mt<LAYOUT, 8, false>(a);
+    }
+}
+Kernels kernels_of(const w4a16_moe_launch &a) {
+    return a.layout == W4A16_LAYOUT_AWQ ? kernels_of_layout<W4A16_LAYOUT_AWQ>(a)
+                                        : kernels_of_layout<W4A16_LAYOUT_MARLIN>(a);
 }
 template <int LAYOUT> int smem_of_layout(const w4a16_moe_launch &a) {
     switch (mt_of(a.tile)) { // (both forms: the stage does not depend on the math warps' MMA)
@@ -561,16 +657,24 @@ extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
         e = w4a16::encode_tensor_map(&bmap, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, a->B, a->K, a->N / 8, a->N / 8, BN / 8,
                                      BK);
     if (e != cudaSuccess) return e;
-    return cudaLaunchKernelEx(&c, kernel_of(*a), *a, amap, bmap);
+    const Kernels k = kernels_of(*a);
+    e = cudaLaunchKernelEx(&c, k.gemm, *a, amap, bmap);
+    if (e != cudaSuccess || a->sk_blocks <= 0 || !a->sk_fixup) return e;
+    // the fixup: a block per 16-row share of each tile (the whole tiles' blocks return at once)
+    cudaLaunchConfig_t f = {};
+    f.gridDim = dim3(ntiles * (unsigned)a->grid_blocks, (unsigned)rows / 16);
+    f.blockDim = dim3(MATH_WARPS * 32);
+    f.stream = c.stream;
+    return cudaLaunchKernelEx(&f, k.fixup, *a);
 }
 
 extern "C" int w4a16_prepare_ws(const w4a16_moe_launch *a, int *blocks_per_sm) {
     using namespace w4a16::moe::ws;
     if (!w4a16_moe_tile_ws(a->tile) || a->stages < 2 || a->stages > MAX_STAGES) return cudaErrorInvalidValue;
     const int smem = smem_of(*a);
-    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kernel_of(*a), smem, a->carveout);
+    cudaError_t err = (cudaError_t)w4a16_set_kernel_smem((const void *)kernels_of(*a).gemm, smem, a->carveout);
     if (err != cudaSuccess) return err;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel_of(*a), THREADS, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernels_of(*a).gemm, THREADS, smem);
 }
 
 extern "C" int w4a16_probe_ws(void) {
@@ -588,7 +692,9 @@ extern "C" int w4a16_probe_ws(void) {
                 a.tile = tile;
                 a.layout = layout;
                 a.dtype = dtype;
-                e = cudaFuncGetAttributes(&attr, kernel_of(a));
+                const Kernels k = kernels_of(a);
+                e = cudaFuncGetAttributes(&attr, k.gemm);
+                if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, k.fixup);
             }
     return e;
 }

@@ -768,14 +768,19 @@ static void test_rows32n_tiles(void **state) {
     if (planned < 3) fail_msg("rows-32n planned on %d calls only", planned);
 }
 
+/* How a plan's text says its tiles are split: 0 whole, 1 stream-K (the parts added by each tile's last block), 2
+ * stream-K with the fixup grid adding them. */
+static int split_kind(const char *text) { return strstr(text, "fixup grid") ? 2 : strstr(text, "stream-K") ? 1 : 0; }
+static const char *const split_names[] = {" in whole tiles", " with stream-K", " with stream-K and the fixup grid"};
+
 /* The warp-specialised tiles (rows-128, ws-64, ws-32: kernels/tile_ws.cu), the MoE kernel's rows-32 stream-K and its
  * rows-32n K split, without cuBLAS, so that make sanitize's racecheck and synccheck (tests *selfref*) cover their
  * mbarrier pipeline and stream-K / split-K handshakes: each call against the same call under the sm86 profile (which
  * fits every GPU and never plans the warp-specialised tiles; its rows-32 plan is checked against cuBLAS in
  * test_rows_tiles; it plans rows-32n too, so that shape's reference runs without a workspace, unsplit), under the sm120
  * profile and the GPU's own. Outputs poisoned, every element written, two runs bit-identical (the stream-K parts are
- * added in block order); whole tiles, stream-K within a tile and across tiles, partial row and channel tiles, both
- * layouts. */
+ * added in block order); whole tiles, stream-K within a tile and across tiles (the parts added by the tile's last
+ * block, and by the fixup grid), partial row and channel tiles, both layouts. */
 static void test_selfref_ws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -785,13 +790,13 @@ static void test_selfref_ws_tiles(void **state) {
     }
     const struct {
         const char *kernel; /* what the sm120 profile plans (the shapes scale with the SM count) */
-        int sk;             /* 1: stream-K, 0: whole tiles */
+        int sk;             /* split_kind: 0 whole tiles, 1 stream-K, 2 stream-K with the fixup grid */
         int M, N, K;
     } shapes[] = {
         /* stream-K, a partial row and channel tile (K past rows-32's, so that the AWQ layout runs it too) */
-        {"ws-32", 1, 24, 256 * (sm_count / 4) + 128, 8320},
+        {"ws-32", 2, 24, 256 * (sm_count / 4) + 128, 8320},
         {"ws-32", 0, 32, 256 * sm_count, 8320}, /* whole tiles */
-        {"ws-64", 1, 48, 4096, 8192},           /* stream-K within a tile (K = 4096: rows-32n) */
+        {"ws-64", 2, 48, 4096, 8192},           /* stream-K within a tile (K = 4096: rows-32n) */
         {"rows-128", 0, 128, 256 * sm_count, 256},
         {"rows-128", 1, 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
         /* 2.5 tiles per block: a partial, a whole and a partial segment in most blocks (seg_done's second phase) */
@@ -830,10 +835,9 @@ static void test_selfref_ws_tiles(void **state) {
                                 strncmp(pi.kernel, "wgmma-ws-", 9) == 0 ||
                                 (strncmp(pi.kernel, "rows-32", 7) == 0 && strcmp(shapes[sh].kernel, pi.kernel) == 0);
                             if (pr == 0 && (path == PATH_MARLIN || checked) &&
-                                (strcmp(pi.kernel, shapes[sh].kernel) != 0 ||
-                                 (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk))
+                                (strcmp(pi.kernel, shapes[sh].kernel) != 0 || split_kind(pi.text) != shapes[sh].sk))
                                 fail_msg("sm120 M=%d N=%d K=%d: expected %s%s, planned %s", M, N, K, shapes[sh].kernel,
-                                         shapes[sh].sk ? " with stream-K" : " in whole tiles", pi.text);
+                                         split_names[shapes[sh].sk], pi.text);
                             if (!checked) break;
                         }
                         GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
@@ -887,7 +891,8 @@ static void test_selfref_ws_tiles(void **state) {
  * G (G = 128 as GPTQ without zero points, Marlin only), both dtypes, both layouts, bias on alternate calls. Whole tiles
  * of one wave; stream-K within a tile, with a partial row tile (M = 200) and a partial channel tile (N = 256 t + 64);
  * stream-K across tiles with partial tiles (M = 300, N = 256 t + 192); the 64-row form where the 128-row one cannot
- * give each stream-K block 16 k-tiles (M = 100 on (SMs - 1) / 8 channel tiles: 16 on an H100 SXM), and at M = 48. */
+ * give each stream-K block 16 k-tiles (M = 100 on (SMs - 1) / 8 channel tiles: 16 on an H100 SXM), and at M = 48,
+ * both with four blocks a tile, whose parts the fixup grid adds. */
 static void test_wgws_tiles(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -897,13 +902,13 @@ static void test_wgws_tiles(void **state) {
     }
     const struct {
         const char *kernel;
-        int sk, M, N, K;
+        int sk, M, N, K; /* sk: split_kind */
     } shapes[] = {
         {"wgmma-ws-128", 0, 128, 256 * sm_count, 512},
         {"wgmma-ws-128", 1, 200, 256 * (sm_count / 4) + 64, 4096},
         {"wgmma-ws-128", 1, 300, 256 * (sm_count / 2) + 192, 2048},
-        {"wgmma-ws-64", 1, 100, 256 * ((sm_count - 1) / 8), 8192},
-        {"wgmma-ws-64", 1, 48, 256 * (sm_count / 4), 8192},
+        {"wgmma-ws-64", 2, 100, 256 * ((sm_count - 1) / 8), 8192},
+        {"wgmma-ws-64", 2, 48, 256 * (sm_count / 4), 8192},
     };
     stats st = {0};
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
@@ -912,9 +917,9 @@ static void test_wgws_tiles(void **state) {
             w4a16_gemm_plan_info pi;
             W4_CHECK(w4a16_gemm_plan(marlin, M, N, K, 128, W4A16_FP16, workspace_bytes, &pi));
             printf("  M=%d N=%d K=%d: %s\n", M, N, K, pi.text);
-            if (strcmp(pi.kernel, shapes[sh].kernel) != 0 || (strstr(pi.text, "stream-K") != NULL) != shapes[sh].sk)
+            if (strcmp(pi.kernel, shapes[sh].kernel) != 0 || split_kind(pi.text) != shapes[sh].sk)
                 fail_msg("M=%d N=%d K=%d: expected %s%s, planned %s", M, N, K, shapes[sh].kernel,
-                         shapes[sh].sk ? " with stream-K" : " in whole tiles", pi.text);
+                         split_names[shapes[sh].sk], pi.text);
         }
         check_all_groups(M, N, K, quick ? (sh % 2 ? 0xA5u : 0x5Au) : 0u, 0, &st);
     }

@@ -76,8 +76,9 @@ static void plan_line(const w4a16_device_state *st, const char *dev, int layout,
         snprintf(what, sizeof what, "wgmma cfg=%d splits=%d sk=%d/%d grid=%d,%d,%d", pl.cfg, pl.splits, pl.sk_blocks,
                  pl.sk_tiles, pl.grid[0], pl.grid[1], pl.grid[2]);
     else if (W4A16_KERNEL_ROWS(pl.kind))
-        snprintf(what, sizeof what, "%s st=%d splits=%d sk=%d/%d grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages,
-                 pl.splits, pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.grid[1], pl.grid[2], pl.smem_bytes);
+        snprintf(what, sizeof what, "%s st=%d splits=%d sk=%d/%d%s grid=%d,%d,%d smem=%d", kinds[pl.kind], pl.stages,
+                 pl.splits, pl.sk_blocks, pl.sk_tiles, pl.sk_fixup ? "+fx" : "", pl.grid[0], pl.grid[1], pl.grid[2],
+                 pl.smem_bytes);
     else if (pl.kind == W4A16_KERNEL_MMA)
         snprintf(what, sizeof what, "%s cfg=%d st=%d sk=%d/%d grid=%d smem=%d", kinds[pl.kind], pl.cfg, pl.stages,
                  pl.sk_blocks, pl.sk_tiles, pl.grid[0], pl.smem_bytes);
@@ -375,7 +376,8 @@ static void check_sk_plan(const w4a16_device_state *st, const w4a16_plan *pl, lo
  * 384-thread block per SM within the shared memory its formula gives; whole tiles where they fill most of a wave and
  * of all the waves they take, else stream-K over one block per SM, each block enough k-tiles, the workspace holding
  * two partial tiles per block and a counter per tile. */
-static int ws_plans_checked[3]; /* by warp rows 32, 64, 128 */
+static int ws_plans_checked[3];  /* by warp rows 32, 64, 128 */
+static int ws_fixups_checked[2]; /* parts added by the tile's last block (or whole tiles), by a second grid */
 static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, int layout, int M, int N, int K, int ws) {
     const w4a16_profile *p = st->profile;
     const int tile = w4a16_kernel_moe_tile(pl->kind), rows = w4a16_moe_tile_rows(tile);
@@ -396,6 +398,9 @@ static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, in
     assert_int_equal(pl->smem_bytes, w4a16_moe_smem_bytes(tile, layout, pl->stages));
     assert_true((size_t)pl->smem_bytes <= st->smem_optin);
     const long long t = (long long)pl->grid[0] * pl->grid[1], slots = st->sm_count;
+    const int fx = p->ws_fixup_min_blocks_per_tile;
+    assert_int_equal(pl->sk_fixup, pl->sk_blocks > 0 && fx > 0 && pl->sk_blocks >= (long long)fx * pl->sk_tiles);
+    ws_fixups_checked[pl->sk_fixup]++;
     if (pl->sk_blocks == 0) {
         assert_true(t * 100 >= slots * p->rows64_min_fill);
         assert_true(t * 100 >= (t + slots - 1) / slots * slots * p->rows128_min_wave_fill);
@@ -440,7 +445,10 @@ static void test_plan_invariants(void **state) {
                                 continue;
                             }
                             int bm, bn, bk, minb;
-                            if (W4A16_KERNEL_ROWS(pl.kind) && w4a16_moe_tile_ws(w4a16_kernel_moe_tile(pl.kind))) {
+                            const int ws_tile =
+                                W4A16_KERNEL_ROWS(pl.kind) && w4a16_moe_tile_ws(w4a16_kernel_moe_tile(pl.kind));
+                            if (!ws_tile) assert_int_equal(pl.sk_fixup, 0); /* only those tiles have the fixup grid */
+                            if (ws_tile) {
                                 check_ws_plan(&st, &pl, layout, M, N, K, ws);
                                 bm = W4A16_KERNEL_ROWS(pl.kind), bn = 256, bk = 64, minb = 1;
                             } else if (pl.kind == W4A16_KERNEL_ROWS32N) {
@@ -549,6 +557,9 @@ static void test_plan_invariants(void **state) {
     print_message("  %d plans checked; warp-specialised tiles of 32 / 64 / 128 rows: %d / %d / %d\n", checked,
                   ws_plans_checked[0], ws_plans_checked[1], ws_plans_checked[2]);
     for (int i = 0; i < 3; i++) assert_true(ws_plans_checked[i] > 0);
+    print_message("  of them whole or added by the last block / by a fixup grid: %d / %d\n", ws_fixups_checked[0],
+                  ws_fixups_checked[1]);
+    assert_true(ws_fixups_checked[0] > 0 && ws_fixups_checked[1] > 0);
     print_message("  rows-32n plans: %d\n", rows32n_plans);
     assert_true(rows32n_plans > 0);
 }
@@ -1102,6 +1113,43 @@ static void test_hand_checked_rows128(void **state) {
     }
 }
 
+/* By hand: the warp-specialised tiles' stream-K parts are added by a second grid where the blocks number two or more
+ * per tile (ws_fixup_min_blocks_per_tile), else by each tile's last block; the text says which. */
+static void test_hand_checked_ws_fixup(void **state) {
+    (void)state;
+    const plan_device h100 = {"H100", "sm90", 132, 232448, 1, 1}, r5090 = {"RTX 5090", "sm120", 170, 101376, 0, 1};
+    const struct {
+        const plan_device *d;
+        const char *forced;
+        int M, N, K, kind, tiles, fixup;
+    } c[] = {
+        /* llama3-8b.down at M = 128: 16 rows-128 tiles on 132 blocks, 8.25 a tile; llama3-8b.o: 32 ws-64 tiles (the
+         * 128-row ones would give their blocks under 16 k-tiles), 4.1 a tile */
+        {&h100, "sm120", 128, 4096, 14336, W4A16_KERNEL_ROWS128, 16, 1},
+        {&h100, "sm120", 128, 4096, 4096, W4A16_KERNEL_WS64, 32, 1},
+        /* llama3-8b.gate_up at M = 128: 112 rows-128 tiles on 132 blocks, 1.2 a tile: the last block adds */
+        {&h100, "sm120", 128, 28672, 4096, W4A16_KERNEL_ROWS128, 112, 0},
+        /* the boundary: 66 tiles on 132 blocks, then 67 */
+        {&h100, "sm120", 128, 66 * 256, 8192, W4A16_KERNEL_ROWS128, 66, 1},
+        {&h100, "sm120", 128, 67 * 256, 8192, W4A16_KERNEL_ROWS128, 67, 0},
+        /* the wgmma form natively, and an RTX 5090 (4 x 16 tiles on 170 blocks) */
+        {&h100, NULL, 128, 4096, 14336, W4A16_KERNEL_WGWS128, 16, 1},
+        {&r5090, NULL, 512, 4096, 14336, W4A16_KERNEL_ROWS128, 64, 1},
+        /* ws-32 at M = 24: 24 tiles x 224 k-tiles on 132 blocks */
+        {&h100, NULL, 24, 6144, 14336, W4A16_KERNEL_WS32, 24, 1},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const w4a16_plan pl = plan_on(c[i].d, c[i].forced, W4A16_LAYOUT_MARLIN, c[i].M, c[i].N, c[i].K, 0);
+        assert_int_equal(pl.kind, c[i].kind);
+        assert_int_equal(pl.sk_tiles, c[i].tiles);
+        assert_true(pl.sk_blocks > 0);
+        assert_int_equal(pl.sk_fixup, c[i].fixup);
+        char text[256];
+        w4a16_plan_text(&pl, text, sizeof text);
+        assert_int_equal(strstr(text, "+ fixup grid") != NULL, c[i].fixup);
+    }
+}
+
 /* By hand: M 9-16 on the MoE kernel's 16-row tiles. 16 x 128 (W4A16_KERNEL_ROWS16W: 3 stages of 16 x 64 x 2 + 4 x 2 x
  * 128 x 4 + 2 x 128 x 2 + 2 x 16 x 4 = 6784 bytes (Marlin), four blocks per 100 KB SM) where its tiles fill 40% of a
  * wave of its slots (AWQ: 60%), whole; else in the Marlin layout 16 x 64 (W4A16_KERNEL_ROWS16: 3 stages of 16 x 128 x 2
@@ -1253,6 +1301,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recorded_decisions),
         cmocka_unit_test(test_hand_checked_rows128),
+        cmocka_unit_test(test_hand_checked_ws_fixup),
         cmocka_unit_test(test_hand_checked_rows16),
         cmocka_unit_test(test_hand_checked_rows32_sk),
         cmocka_unit_test(test_hand_checked_rows32n),
