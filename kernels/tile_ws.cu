@@ -106,6 +106,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int M = p.M, N = p.N, K = p.K, stages = p.stages, gshift = p.gshift;
     const int nkt = K / BK, ntn = (N + BN - 1) / BN, g_last = (K - 1) >> gshift;
     const long long U = (long long)p.grid_blocks * ntn * nkt, B = gridDim.x;
+    // the fixup grid (launched with programmatic stream serialization) may be scheduled now: its blocks take SMs as
+    // this grid's leave and wait there for all of it, so its launch overlaps this grid's tail
+    if (p.sk_fixup) pdl_launch_dependents();
     if (tid == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(&full[s], 1);                // the producer thread's expect-tx; then the copies' bytes
@@ -506,6 +509,7 @@ __global__ void __launch_bounds__(MATH_WARPS * 32) fixup_kernel(const w4a16_moe_
     const int t = blockIdx.x, sh = blockIdx.y;
     const int c0 = sk_block_of((long long)t * nkt, U, B), c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
     if (c0 == c1) return; // a whole tile: its block stored it
+    pdl_wait();           // every part is written (the GEMM grid has completed)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2, gq = warp >> 1,
               h = warp & 1;
     const int m0 = (t / ntn) * BM, n0 = (t % ntn) * BN;
@@ -665,6 +669,11 @@ extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     f.gridDim = dim3(ntiles * (unsigned)a->grid_blocks, (unsigned)rows / 16);
     f.blockDim = dim3(MATH_WARPS * 32);
     f.stream = c.stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    f.attrs = at;
+    f.numAttrs = 1;
     return cudaLaunchKernelEx(&f, k.fixup, *a);
 }
 
