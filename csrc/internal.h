@@ -72,8 +72,8 @@ typedef struct w4a16_profile {
                                          (fixup_kernel) where the blocks number at least this many per shared tile;
                                          else by each tile's last block */
     int ws64_sk_min_kt;   /* > 0: on such a device, the warp-specialised 64 x 256 tile (W4A16_KERNEL_WS64) below
-                             rows128_min_m where rows-64 would not run whole tiles, and from it where the 128-row tile
-                             has no plan, with stream-K blocks of at least this many k-tiles (one block per SM) */
+                             rows128_min_m in place of rows-64, and from it where the 128-row tile has no plan, with
+                             stream-K blocks of at least this many k-tiles (one block per SM) */
     int ws32_min_kt;      /* > 0: on such a device, M 17-32 (above small_max_m, up to mid32_max_m) where the 32-row plan
                              (rows32_max_k) does not run: the warp-specialised 32 x 256 tile (W4A16_KERNEL_WS32), in whole
                              tiles where they fill rows64_min_fill percent of one wave and rows128_min_wave_fill percent

@@ -280,8 +280,9 @@ static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int
  *   faster there).
  * On devices with the warp-specialised tiles' image (kernels/tile_ws.cu), both layouts run them instead (v34): from
  * rows128_min_m the 128 x 256 one (whole tiles from rows128_min_wave_fill percent of their waves, else stream-K; v32),
- * below it the 64 x 256 one wherever rows-64 would not run whole tiles, with stream-K blocks of at least
- * ws64_sk_min_kt k-tiles (v33), and from rows128_min_m also where the 128-row one has no plan (v35). */
+ * below it the 64 x 256 one with stream-K blocks of at least ws64_sk_min_kt k-tiles (v33; since v48 also where rows-64
+ * would run whole tiles: 0.93-0.98x on qwen2.5-72b.gate_up at M 48-64, 231 tiles filling 87% of rows-64's slots), and
+ * from rows128_min_m also where the 128-row one has no plan (v35). */
 static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                        int rows32_splits, w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
@@ -301,14 +302,14 @@ static int plan_rows64(const w4a16_device_state *st, int layout, int M, int N, i
          (p->ws64_sk_min_kt > 0 &&
           plan_ws(st, layout, W4A16_MOE_TILE_WS64, p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl))))
         return 1;
-    /* else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM); below rows128_min_m, where it would
-     * share k-tiles, the warp-specialised 64-row tile instead (ws64_sk_min_kt > 0), with at most one block per SM */
-    const int rows64 = plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K,
-                                    workspace_bytes, &c, &whole);
-    if (ws && M < p->rows128_min_m && !(rows64 && whole) && sk_kt > 0 && p->ws64_sk_min_kt > 0 &&
+    /* below rows128_min_m the warp-specialised 64-row tile (ws64_sk_min_kt > 0), at most one block per SM, wherever
+     * it has a plan; else 64 x 256 (its register budget: moe.cu's tests hold it at 2 per SM) */
+    if (ws && M < p->rows128_min_m && sk_kt > 0 && p->ws64_sk_min_kt > 0 &&
         plan_ws(st, layout, W4A16_MOE_TILE_WS64, p->ws64_sk_min_kt, M, N, K, workspace_bytes, pl))
         return 1;
-    if (!rows64) return 0;
+    if (!plan_tile_sk(st, layout, W4A16_MOE_TILE_64, 2, p->rows64_min_wave_fill, sk_kt, M, N, K, workspace_bytes, &c,
+                      &whole))
+        return 0;
     *pl = c;
     return 1;
 }

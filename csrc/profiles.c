@@ -59,9 +59,9 @@ const w4a16_gemm_config *w4a16_config(int id) { return id >= 0 && id < W4A16_NUM
  * path then took 0.87-0.98x its time before, v34) in place of the 64 x 256 one from M = 65, in whole tiles where they
  * fill 90% of the waves they take (one block per SM makes a partly empty last wave cost more than rows-64's
  * two: 1.06-1.13x its time with rows-64's 70%), else stream-K. Under the sm120 profile on the H100 it took 0.75-0.92x
- * rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32). Below M = 65 its 64-row form where rows-64
- * would share k-tiles (stream-K) or could not (blocks of fewer than 16 k-tiles), its stream-K blocks at least 4
- * k-tiles: 0.73-0.94x the time of those plans at M 33-64 but on one layer of 16 tiles (llama3-8b.o: 0.95-1.03x; v33),
+ * rows-64's time wherever it runs at M 80-1024 (docs/PERFORMANCE.md v32). Below M = 65 its 64-row form, its stream-K
+ * blocks at least 4 k-tiles: 0.73-0.94x the time of rows-64's stream-K plans at M 33-64 but on one layer of 16 tiles
+ * (llama3-8b.o: 0.95-1.03x; v33), and 0.93-0.98x rows-64's whole tiles where those fill 87% of its slots (v48),
  * and from M = 65 where the 128-row tile has no plan (narrow layers that ran rows-32: 0.75-0.97x at M 128-256, v35).
  * At M 17-32, where no rows-32 plan runs, its 32-row form, whole or with stream-K blocks of at least 8 k-tiles: 1.28 ->
  * 1.21x vLLM Marlin's time under sm120 and natively (v36). Their stream-K parts are added by a second grid where the

@@ -1054,8 +1054,8 @@ static void test_hand_checked_rows128(void **state) {
         /* M = 128 on a narrow layer: 16 rows-128 tiles x 64 k-tiles make 64 blocks of 16, fewer than the SMs (and the
          * 32-row plan splits K 3 ways); 32 ws-64 tiles shared among 132 blocks of 15-16 k-tiles */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
-        /* 231 rows-64 tiles fill 87% of 264 slots: rows-64, whole */
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, R64, 1, 231, 0},
+        /* 231 rows-64 tiles would fill 87% of 264 slots whole; ws-64 shares them among 132 blocks (v48) */
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, WS64, 1, 231, 132},
         /* the AWQ layout too (4 x 16 tiles: stream-K); the device without the image and the sm80 profile on the H100
          * (no image on an sm_80): 64 x 256 */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, R128, 4, 16, 132},
