@@ -52,10 +52,11 @@ typedef struct w4a16_profile {
      * wgmma_sk_act_l2_bytes), counting a stream-K block's fixed cost as wgmma_sk_overhead_kt k-tiles of 64 */
     int wgmma_sk_overhead_kt;
     size_t wgmma_sk_act_l2_bytes;
-    int staged_min_m; /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
-                         dequantised weights (w4a16_workspace_size_staged) */
-    int wgws_min_m;   /* > 0: M >= this on a wgmma device with the warp-specialised image, where no staged plan runs:
-                         the wgmma form of the warp-specialised tiles (W4A16_KERNEL_WGWS128 / WGWS64; plan_wgws) */
+    int staged_min_m;   /* M >= this (> 0) on a wgmma device: staged GEMMs when the workspace holds a slab of
+                           dequantised weights (w4a16_workspace_size_staged) */
+    int wgws_min_m;     /* > 0: M >= this on a wgmma device with the warp-specialised image, where no staged plan runs:
+                           the wgmma form of the warp-specialised tiles (W4A16_KERNEL_WGWS128 / WGWS64; plan_wgws) ... */
+    int wgws_sk_min_kt; /* ... with stream-K blocks of at least this many k-tiles */
     int mid32_min_tiles_per_8sm; /* M 17-32 (mid32) keeps the decode tiles where the mid32 tile makes at most this many
                                     tiles per 8 SMs */
     int rows64_min_fill; /* > 0: where no wgmma tile runs, the MoE kernel's 64 x 256 tile (W4A16_KERNEL_ROWS64) when

@@ -254,17 +254,18 @@ static int plan_ws32(const w4a16_device_state *st, int layout, int M, int N, int
 /* From wgws_min_m on Hopper (the sm_90a images of the wgmma and warp-specialised kernels): above M = 64 the wgmma form
  * of the warp-specialised 128 x 256 tile (kernels/tile_ws.cu: two wgmma math warpgroups, one producer thread copying by
  * TMA), else or where it has no plan its 64-row form; whole tiles where they fill rows128_min_wave_fill percent of
- * their waves, else stream-K blocks of at least rows64_sk_min_kt k-tiles (where blocks would get fewer, on narrow
- * layers of short K, the wgmma kernel's two blocks per SM with K splits stay: the 64-row form with 8-12 k-tiles per
- * block took 1.05-1.27x their time on llama3-8b.qkv / .o at M 40-64). Under the native profile on the H100: 0.78-0.85x
- * the wgmma kernel's time at M 128-4096 over the benchmark's layers, 0.69-0.97x at M 40-64 on the six layers it takes
- * there (docs/PERFORMANCE.md v45). */
+ * their waves, else stream-K blocks of at least wgws_sk_min_kt k-tiles (where blocks would get fewer, on narrow
+ * layers of short K, the wgmma kernel's two blocks per SM with K splits stay). Under the native profile on the H100:
+ * 0.78-0.85x the wgmma kernel's time at M 128-4096 over the benchmark's layers, 0.69-0.97x at M 40-64 on the six layers
+ * it takes there (docs/PERFORMANCE.md v45). Blocks of 8-15 k-tiles lost to the wgmma kernel (1.05-1.27x on
+ * llama3-8b.qkv / .o at M 40-64, v45) until the fixup grid added their parts: then 0.92-0.94x on llama3-8b.qkv at M
+ * 48-64 and .o at M = 128; 4-7 k-tiles still lost (llama3-8b.o at M 48-128: 1.09-1.10x; v48). */
 static int plan_wgws(const w4a16_device_state *st, int layout, int M, int N, int K, size_t workspace_bytes,
                      w4a16_plan *pl) {
     const w4a16_profile *p = st->profile;
     if (!st->wgmma || !st->ws || p->wgws_min_m <= 0 || M < p->wgws_min_m || K % 64) return 0;
-    return (M > 64 && plan_ws(st, layout, W4A16_MOE_TILE_WG128, p->rows64_sk_min_kt, M, N, K, workspace_bytes, pl)) ||
-           plan_ws(st, layout, W4A16_MOE_TILE_WG64, p->rows64_sk_min_kt, M, N, K, workspace_bytes, pl);
+    return (M > 64 && plan_ws(st, layout, W4A16_MOE_TILE_WG128, p->wgws_sk_min_kt, M, N, K, workspace_bytes, pl)) ||
+           plan_ws(st, layout, W4A16_MOE_TILE_WG64, p->wgws_sk_min_kt, M, N, K, workspace_bytes, pl);
 }
 
 /* The MoE grouped GEMM's 64 x 256 tile (kernels/moe.cu: 4 warps of 64 x 64, each B fragment feeding four m16 tiles, no

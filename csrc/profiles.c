@@ -128,6 +128,7 @@ static const w4a16_profile sm90 = {
     .staged_min_m = 4096, /* below it the wgmma-ws tiles took 0.76-0.88x the staged path's time at M = 1024; at 4096
                              the staged path 0.93-1.04x theirs (docs/PERFORMANCE.md v45) */
     .wgws_min_m = 33,
+    .wgws_sk_min_kt = 8,
 };
 static const w4a16_profile sm100 = {
     .name = "sm100",

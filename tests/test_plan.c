@@ -406,9 +406,10 @@ static void check_ws_plan(const w4a16_device_state *st, const w4a16_plan *pl, in
         assert_true(t * 100 >= (t + slots - 1) / slots * slots * p->rows128_min_wave_fill);
         return;
     }
-    const int min_kt = rows == 128 || w4a16_moe_tile_wgmma(tile) ? p->rows64_sk_min_kt
-                       : rows == 64                              ? p->ws64_sk_min_kt
-                                                                 : p->ws32_min_kt;
+    const int min_kt = w4a16_moe_tile_wgmma(tile) ? p->wgws_sk_min_kt
+                       : rows == 128              ? p->rows64_sk_min_kt
+                       : rows == 64               ? p->ws64_sk_min_kt
+                                                  : p->ws32_min_kt;
     check_sk_plan(st, pl, t, slots, rows, 256, min_kt, N, K, ws);
 }
 
@@ -1055,7 +1056,16 @@ static void test_hand_checked_rows128(void **state) {
          * 32-row plan splits K 3 ways); 32 ws-64 tiles shared among 132 blocks of 15-16 k-tiles */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 128, 4096, 4096, WS64, 2, 16, 132},
         /* 231 rows-64 tiles would fill 87% of 264 slots whole; ws-64 shares them among 132 blocks (v48) */
-        {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_MARLIN, 64, 59136, 8192, WS64, 1, 231, 132},
+        {{"H100 as sm120", "sm90", 132, 232448, 1, 1},
+         "sm120",
+         W4A16_LAYOUT_MARLIN,
+         64,
+         59136,
+         8192,
+         WS64,
+         1,
+         231,
+         132},
         /* the AWQ layout too (4 x 16 tiles: stream-K); the device without the image and the sm80 profile on the H100
          * (no image on an sm_80): 64 x 256 */
         {{"H100 as sm120", "sm90", 132, 232448, 1, 1}, "sm120", W4A16_LAYOUT_AWQ, 512, 4096, 4096, R128, 4, 16, 132},
