@@ -508,11 +508,13 @@ __global__ void __launch_bounds__(MATH_WARPS * 32) fixup_kernel(const w4a16_moe_
     const long long U = (long long)p.grid_blocks * ntn * nkt, B = p.sk_blocks;
     const int t = blockIdx.x, sh = blockIdx.y;
     const int c0 = sk_block_of((long long)t * nkt, U, B), c1 = sk_block_of((long long)t * nkt + nkt - 1, U, B);
-    if (c0 == c1) return; // a whole tile: its block stored it
-    pdl_wait();           // every part is written (the GEMM grid has completed)
+    // every part is written once the GEMM grid has completed; every block waits, so that this grid never completes
+    // before that one (a later kernel's wait on this grid then covers the GEMM's whole tiles too)
+    pdl_wait();
+    const int m0 = (t / ntn) * BM, n0 = (t % ntn) * BN;
+    if (c0 == c1 || m0 + 16 * sh >= M) return; // a whole tile (its block stored it), or a share past the last row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r = lane >> 2, gq = warp >> 1,
               h = warp & 1;
-    const int m0 = (t / ntn) * BM, n0 = (t % ntn) * BN;
     const float4 *const part = static_cast<const float4 *>(p.partials) + warp * MT * 4 * 32 + lane;
     int off[4]; // the thread's four float4 of share sh in a part
 #pragma unroll

@@ -801,6 +801,8 @@ static void test_selfref_ws_tiles(void **state) {
         {"rows-128", 1, 200, 256 * (sm_count * 3 / 10), 2048}, /* stream-K blocks spanning tiles, a partial row tile */
         /* 2.5 tiles per block: a partial, a whole and a partial segment in most blocks (seg_done's second phase) */
         {"rows-128", 1, 200, 256 * (sm_count * 5 / 4), 512},
+        /* 7-8 blocks a tile (the fixup grid), a partial row tile and a half channel tile */
+        {"rows-128", 2, 120, 256 * ((sm_count + 7) / 8) + 128, 8192},
         /* the MoE kernel's 32-row tile with stream-K (1.25 waves of its slots), a partial row and channel tile */
         {"rows-32", 1, 24, 128 * (3 * sm_count * 5 / 4) + 64, 512},
         /* the MoE kernel's 32 x 64 tile, K split across blocks (test_rows32n_tiles' shape) */
@@ -808,15 +810,20 @@ static void test_selfref_ws_tiles(void **state) {
     };
     const char *profiles[] = {"sm120", NULL};
     int ran[6] = {0}; /* ws-32, ws-64, rows-128, rows-32, rows-32n; the wgmma form (Hopper's own profile) */
+    int fixups = 0;   /* calls whose plan has the fixup grid */
     for (int sh = 0; sh < (int)(sizeof shapes / sizeof shapes[0]); sh++) {
         const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
         const size_t nA = (size_t)M * K, nC = (size_t)M * N;
         for (int d = 0; d < (quick ? 1 : 2); d++) {
             gpu_layer L;
             gpu_layer_make(&L, K, N, 128, dtypes[d], 0, 1, &seed);
-            uint16_t *hA = malloc(nA * 2), *href = malloc(nC * 2), *h1 = malloc(nC * 2), *h2 = malloc(nC * 2);
+            uint16_t *hA = malloc(nA * 2), *href = malloc(nC * 2), *h1 = malloc(nC * 2), *h2 = malloc(nC * 2),
+                     *hb = malloc((size_t)N * 2);
             fill_random_half(hA, nA, -1.f, 1.f, dtypes[d], &seed);
-            void *A = gpu_upload(hA, nA * 2), *C = gpu_alloc(nC * 2);
+            fill_random_half(hb, N, -1.f, 1.f, dtypes[d], &seed);
+            /* a bias on alternate shapes, the fixup grid's among them (the epilogues and the fixup grid add it) */
+            void *A = gpu_upload(hA, nA * 2), *C = gpu_alloc(nC * 2),
+                 *bias = sh % 2 == 0 ? gpu_upload(hb, (size_t)N * 2) : NULL;
             for (int path = 0; path < 2; path++)
                 for (int pr = 0; pr < 2; pr++) {
                     const w4a16_dtype dt = dtypes[d];
@@ -843,7 +850,7 @@ static void test_selfref_ws_tiles(void **state) {
                         GPU_CHECK(cudaMemset(C, 0xFF, nC * 2)); /* NaN in fp16 and bf16 */
                         /* sm86 plans rows-32n too: its reference runs unsplit (no workspace), so another plan */
                         const int no_ws = run == 0 && strcmp(shapes[sh].kernel, "rows-32n") == 0;
-                        W4_CHECK(layer_gemm(path, &L, A, NULL, C, M, no_ws ? NULL : workspace,
+                        W4_CHECK(layer_gemm(path, &L, A, bias, C, M, no_ws ? NULL : workspace,
                                             no_ws ? 0 : workspace_bytes, 0, NULL));
                         GPU_CHECK(cudaMemcpy(outs[run], C, nC * 2, cudaMemcpyDeviceToHost));
                         if (run == 2) {
@@ -860,6 +867,7 @@ static void test_selfref_ws_tiles(void **state) {
                                    profiles[pr] ? profiles[pr] : "own", sqrt(num / den));
                             if (!(sqrt(num / den) < tolerance(dt))) fail_msg("%s: too far from sm86's plan", pi.kernel);
                             if (memcmp(h1, h2, nC * 2) != 0) fail_msg("%s: two runs differ", pi.kernel);
+                            fixups += strstr(pi.text, "fixup grid") != NULL;
                             ran[strcmp(pi.kernel, "ws-32") == 0           ? 0
                                 : strcmp(pi.kernel, "ws-64") == 0         ? 1
                                 : strcmp(pi.kernel, "rows-32") == 0       ? 3
@@ -872,15 +880,18 @@ static void test_selfref_ws_tiles(void **state) {
             W4_CHECK(w4a16_force_profile(NULL));
             cudaFree(A);
             cudaFree(C);
+            cudaFree(bias);
             free(hA);
+            free(hb);
             free(href);
             free(h1);
             free(h2);
             gpu_layer_free(&L);
         }
     }
-    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d, rows-32n %d, wgmma-ws %d\n", ran[0], ran[1],
-           ran[2], ran[3], ran[4], ran[5]);
+    printf("  calls checked: ws-32 %d, ws-64 %d, rows-128 %d, rows-32 %d, rows-32n %d, wgmma-ws %d; %d with the fixup "
+           "grid\n",
+           ran[0], ran[1], ran[2], ran[3], ran[4], ran[5], fixups);
     for (int i = 0; i < 5; i++)
         if (ran[i] == 0) fail_msg("a tile never ran (ws-32, ws-64, rows-128, rows-32, rows-32n: %d)", i);
     if (wgws_device() && ran[5] == 0) fail_msg("the wgmma form never ran under this GPU's own profile");
@@ -1549,62 +1560,77 @@ static void test_selfref_workspace_too_small(void **state) {
     gpu_layer_free(&L);
 }
 
-/* Two streams with two workspaces at once give the serial results; a CUDA graph replays the same result. */
+/* Two streams with two workspaces at once give the serial results; a CUDA graph replays the same result. At M = 4
+ * (the decode kernels) and at M = 128 on a narrow layer, which Hopper's own profile and the sm120 one plan with the
+ * stream-K fixup grid (a second kernel, launched by programmatic dependent launch: captured into the graph too). */
 static void test_selfref_streams_and_graphs(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const int M = 4, K = 8192, N = 1024;
-    gpu_layer L;
-    gpu_layer_make(&L, K, N, 128, W4A16_BF16, 0, 1, &seed);
-    uint16_t *hA = malloc(2 * M * K), *r1 = malloc(2 * M * N), *r2 = malloc(2 * M * N);
-    fill_random_half(hA, M * K, -1.f, 1.f, W4A16_BF16, &seed);
-    void *A = gpu_upload(hA, 2 * M * K), *C1 = gpu_alloc(2 * M * N), *C2 = gpu_alloc(2 * M * N),
-         *Cs = gpu_alloc(2 * M * N);
+    const struct { int M, N, K; } shapes[] = {{4, 1024, 8192}, {128, 4096, 8192}};
     void *ws2 = gpu_alloc(workspace_bytes);
     GPU_CHECK(cudaMemset(ws2, 0, workspace_bytes));
-    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, Cs, M, N, K, 128, W4A16_BF16, workspace,
-                            workspace_bytes, NULL));
-    GPU_CHECK(cudaDeviceSynchronize());
-    GPU_CHECK(cudaMemcpy(r1, Cs, 2 * M * N, cudaMemcpyDeviceToHost));
     cudaStream_t s1, s2;
     GPU_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     GPU_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    for (int it = 0; it < 20; it++) {
-        W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C1, M, N, K, 128, W4A16_BF16, workspace,
+    for (int sh = 0; sh < 2; sh++) {
+        const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
+        const size_t nA = (size_t)M * K, nC = (size_t)M * N;
+        gpu_layer L;
+        gpu_layer_make(&L, K, N, 128, W4A16_BF16, 0, 1, &seed);
+        w4a16_gemm_plan_info pi;
+        W4_CHECK(w4a16_gemm_plan(0, M, N, K, 128, W4A16_BF16, workspace_bytes, &pi));
+        printf("  M=%d N=%d K=%d: awq %s\n", M, N, K, pi.text);
+        uint16_t *hA = malloc(2 * nA), *hb = malloc(2 * (size_t)N), *r1 = malloc(2 * nC), *r2 = malloc(2 * nC);
+        fill_random_half(hA, nA, -1.f, 1.f, W4A16_BF16, &seed);
+        fill_random_half(hb, N, -1.f, 1.f, W4A16_BF16, &seed);
+        void *A = gpu_upload(hA, 2 * nA), *bias = gpu_upload(hb, 2 * (size_t)N), *C1 = gpu_alloc(2 * nC),
+             *C2 = gpu_alloc(2 * nC), *Cs = gpu_alloc(2 * nC);
+        GPU_CHECK(cudaMemset(Cs, 0xFF, 2 * nC));
+        W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, Cs, M, N, K, 128, W4A16_BF16, workspace,
+                                workspace_bytes, NULL));
+        GPU_CHECK(cudaDeviceSynchronize());
+        GPU_CHECK(cudaMemcpy(r1, Cs, 2 * nC, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nC; i++)
+            if (isnan(w4a16_ref_to_float(r1[i], W4A16_BF16))) fail_msg("M=%d: output %zu not written", M, i);
+        for (int it = 0; it < (quick ? 3 : 20); it++) {
+            W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 128, W4A16_BF16, workspace,
+                                    workspace_bytes, s1));
+            W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, bias, C2, M, N, K, 128, W4A16_BF16, ws2,
+                                       workspace_bytes, s2));
+        }
+        GPU_CHECK(cudaDeviceSynchronize());
+        GPU_CHECK(cudaMemcpy(r2, C1, 2 * nC, cudaMemcpyDeviceToHost));
+        assert_memory_equal(r1, r2, 2 * nC); /* deterministic: bit-identical to the serial run */
+        /* graph capture of the AWQ path */
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        GPU_CHECK(cudaMemset(C1, 0xFF, 2 * nC));
+        GPU_CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+        W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, bias, C1, M, N, K, 128, W4A16_BF16, workspace,
                                 workspace_bytes, s1));
-        W4_CHECK(w4a16_marlin_gemm(A, L.mweight, L.mscales, L.mzeros, NULL, C2, M, N, K, 128, W4A16_BF16, ws2,
-                                   workspace_bytes, s2));
+        GPU_CHECK(cudaStreamEndCapture(s1, &graph));
+        GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int it = 0; it < 3; it++) GPU_CHECK(cudaGraphLaunch(exec, s1));
+        GPU_CHECK(cudaStreamSynchronize(s1));
+        GPU_CHECK(cudaMemcpy(r2, C1, 2 * nC, cudaMemcpyDeviceToHost));
+        assert_memory_equal(r1, r2, 2 * nC);
+        printf("  two streams x %d calls and 3 graph replays: bit-identical to the serial result\n", quick ? 3 : 20);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaFree(A);
+        cudaFree(bias);
+        cudaFree(C1);
+        cudaFree(C2);
+        cudaFree(Cs);
+        free(hA);
+        free(hb);
+        free(r1);
+        free(r2);
+        gpu_layer_free(&L);
     }
-    GPU_CHECK(cudaDeviceSynchronize());
-    GPU_CHECK(cudaMemcpy(r2, C1, 2 * M * N, cudaMemcpyDeviceToHost));
-    assert_memory_equal(r1, r2, 2 * M * N); /* deterministic: bit-identical to the serial run */
-    /* graph capture of the AWQ path */
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    GPU_CHECK(cudaMemset(C1, 0xFF, 2 * M * N));
-    GPU_CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
-    W4_CHECK(w4a16_awq_gemm(A, L.qweight, L.scales, L.qzeros, NULL, C1, M, N, K, 128, W4A16_BF16, workspace,
-                            workspace_bytes, s1));
-    GPU_CHECK(cudaStreamEndCapture(s1, &graph));
-    GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int it = 0; it < 3; it++) GPU_CHECK(cudaGraphLaunch(exec, s1));
-    GPU_CHECK(cudaStreamSynchronize(s1));
-    GPU_CHECK(cudaMemcpy(r2, C1, 2 * M * N, cudaMemcpyDeviceToHost));
-    assert_memory_equal(r1, r2, 2 * M * N);
-    printf("  two streams x 20 calls and 3 graph replays: bit-identical to the serial result\n");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     cudaStreamDestroy(s1);
     cudaStreamDestroy(s2);
-    cudaFree(A);
-    cudaFree(C1);
-    cudaFree(C2);
-    cudaFree(Cs);
     cudaFree(ws2);
-    free(hA);
-    free(r1);
-    free(r2);
-    gpu_layer_free(&L);
 }
 
 static int setup(void **state) {

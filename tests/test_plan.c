@@ -1139,6 +1139,8 @@ static void test_hand_checked_ws_fixup(void **state) {
         {&h100, "sm120", 128, 4096, 4096, W4A16_KERNEL_WS64, 32, 1},
         /* llama3-8b.gate_up at M = 128: 112 rows-128 tiles on 132 blocks, 1.2 a tile: the last block adds */
         {&h100, "sm120", 128, 28672, 4096, W4A16_KERNEL_ROWS128, 112, 0},
+        /* test_selfref_ws_tiles' fixup shape: a partial row tile and a half channel tile, 18 tiles on 132 blocks */
+        {&h100, "sm120", 120, 256 * 17 + 128, 8192, W4A16_KERNEL_ROWS128, 18, 1},
         /* the boundary: 66 tiles on 132 blocks, then 67 */
         {&h100, "sm120", 128, 66 * 256, 8192, W4A16_KERNEL_ROWS128, 66, 1},
         {&h100, "sm120", 128, 67 * 256, 8192, W4A16_KERNEL_ROWS128, 67, 0},
