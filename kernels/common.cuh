@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace w4a16 {
@@ -66,6 +67,14 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+// The host side: launch config `c` with programmatic stream serialization when `on`; `at` holds the attribute and must
+// live until the launch.
+inline void set_pdl(cudaLaunchConfig_t &c, cudaLaunchAttribute &at, bool on) {
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = &at;
+    c.numAttrs = on ? 1 : 0;
 }
 
 // Four 8x8 b16 matrices in the exact register layout of an m16n8k16 A fragment.

@@ -83,11 +83,8 @@ extern "C" int w4a16_launch_gemm(const w4a16_gemm_launch *a) {
     c.blockDim = dim3(p.threads);
     c.dynamicSmemBytes = smem;
     c.stream = static_cast<cudaStream_t>(a->stream);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = at;
-    c.numAttrs = a->args.pdl ? 1 : 0;
+    cudaLaunchAttribute at;
+    set_pdl(c, at, a->args.pdl);
     return cudaLaunchKernelEx(&c, k.fn, a->args);
 }
 

@@ -767,11 +767,8 @@ template <typename T, int LAYOUT, int TILE> cudaError_t launch(const w4a16_moe_l
     c.blockDim = dim3(THREADS);
     c.dynamicSmemBytes = smem;
     c.stream = static_cast<cudaStream_t>(a.stream);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = at;
-    c.numAttrs = a.pdl ? 1 : 0;
+    cudaLaunchAttribute at;
+    set_pdl(c, at, a.pdl);
     return cudaLaunchKernelEx(&c, kern, a);
 }
 

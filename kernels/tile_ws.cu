@@ -671,11 +671,8 @@ extern "C" int w4a16_launch_ws(const w4a16_moe_launch *a) {
     f.gridDim = dim3(ntiles * (unsigned)a->grid_blocks, (unsigned)rows / 16);
     f.blockDim = dim3(MATH_WARPS * 32);
     f.stream = c.stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    f.attrs = at;
-    f.numAttrs = 1;
+    cudaLaunchAttribute at;
+    w4a16::set_pdl(f, at, true);
     return cudaLaunchKernelEx(&f, k.fixup, *a);
 }
 
